@@ -1,0 +1,149 @@
+// Microbenchmarks of the in-process core. `make bench` runs them; the README quotes them.
+#include <benchmark/benchmark.h>
+
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sluice/dual_layer.hpp"
+#include "sluice/keyed.hpp"
+#include "sluice/token_bucket.hpp"
+#include "sluice/window_limiter.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using sluice::time_point;
+
+constexpr time_point t0 = time_point(std::chrono::seconds(1000));
+
+// --- clocks ------------------------------------------------------------------------------------------
+
+void BM_Clock_SteadyClockNow(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(sluice::real_clock().now());
+}
+BENCHMARK(BM_Clock_SteadyClockNow);
+
+void BM_Clock_CoarseClockNow(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(sluice::coarse_clock().now());
+  state.counters["resolution_ns"] = static_cast<double>(sluice::coarse_clock_resolution().count());
+}
+BENCHMARK(BM_Clock_CoarseClockNow);
+
+// --- token bucket ------------------------------------------------------------------------------------
+
+// Admitted path: 10^9 per second, `now` advancing 1 ns per check, so every check is admitted.
+void BM_TokenBucket_TryAcquireNowPassedIn(benchmark::State& state) {
+  auto b = sluice::token_bucket::create({.rate = sluice::per_second(1e9), .burst = 1000}).value();
+  time_point now = t0;
+  for (auto _ : state) {
+    now += 1ns;
+    benchmark::DoNotOptimize(b.try_acquire(now, 1));
+  }
+}
+BENCHMARK(BM_TokenBucket_TryAcquireNowPassedIn);
+
+void BM_TokenBucket_Refused(benchmark::State& state) {
+  auto b = sluice::token_bucket::create({.rate = sluice::per_second(1), .burst = 1}).value();
+  (void)b.try_acquire(t0, 1);
+  for (auto _ : state) benchmark::DoNotOptimize(b.try_acquire(t0, 1));
+}
+BENCHMARK(BM_TokenBucket_Refused);
+
+// Two threads on one bucket: every check is a contended compare-and-swap.
+sluice::token_bucket shared_bucket = sluice::token_bucket::create({.rate = sluice::per_second(1e9), .burst = 1'000'000}).value();
+void BM_TokenBucket_TwoThreadsOneBucket(benchmark::State& state) {
+  time_point now = t0;
+  for (auto _ : state) {
+    now += 1ns;
+    benchmark::DoNotOptimize(shared_bucket.try_acquire(now, 1));
+  }
+}
+BENCHMARK(BM_TokenBucket_TwoThreadsOneBucket)->Threads(2)->UseRealTime();
+
+void BM_TokenBucket_TryAcquireSteadyClock(benchmark::State& state) {
+  auto b = sluice::token_bucket::create({.rate = sluice::per_second(1e9), .burst = 1'000'000}).value();
+  for (auto _ : state) benchmark::DoNotOptimize(b.try_acquire(1));
+}
+BENCHMARK(BM_TokenBucket_TryAcquireSteadyClock);
+
+void BM_TokenBucket_TryAcquireCoarseClock(benchmark::State& state) {
+  auto b = sluice::token_bucket::create(
+      {.rate = sluice::per_second(1e9), .burst = 1'000'000, .clock = &sluice::coarse_clock()}).value();
+  for (auto _ : state) benchmark::DoNotOptimize(b.try_acquire(1));
+}
+BENCHMARK(BM_TokenBucket_TryAcquireCoarseClock);
+
+// A fast limiter that grants the wrong rate has failed: two threads hammer a 200,000/s bucket on
+// the real clock; effective_rate must match configured_rate (plus the initial burst of 100).
+sluice::token_bucket rate_bucket = sluice::token_bucket::create({.rate = sluice::per_second(200'000), .burst = 100}).value();
+std::atomic<std::int64_t> rate_admitted{0};
+void BM_TokenBucket_EffectiveRate(benchmark::State& state) {
+  const auto start = std::chrono::steady_clock::now();
+  std::int64_t admitted = 0;
+  for (auto _ : state) admitted += rate_bucket.try_acquire(1).value().allowed;
+  rate_admitted += admitted;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  state.counters["admitted_per_s"] = benchmark::Counter(static_cast<double>(admitted) / seconds, benchmark::Counter::kAvgThreads);
+  state.counters["configured_per_s"] = 200'000;
+  // Per thread the rate is shared, so the sum over threads is what must match.
+  state.counters["admitted_per_s"] = benchmark::Counter(static_cast<double>(admitted) / seconds);
+}
+BENCHMARK(BM_TokenBucket_EffectiveRate)->Threads(2)->UseRealTime()->MinTime(1.0);
+
+// --- keyed -------------------------------------------------------------------------------------------
+
+// 1,000,000 keys, random access, `now` passed in.
+void BM_KeyedTokenBucket_RandomKeys(benchmark::State& state) {
+  const auto n = static_cast<std::size_t>(state.range(0));
+  auto k = sluice::keyed_limiter::create({.policy = sluice::token_bucket_policy(sluice::per_second(1), 1'000'000),
+                                          .max_keys = n}).value();
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) keys.push_back("user:" + std::to_string(i));
+  for (const auto& key : keys) (void)k->try_acquire(key, t0);
+  std::mt19937_64 rng(7);
+  std::vector<std::uint32_t> order(1 << 20);
+  for (auto& o : order) o = static_cast<std::uint32_t>(rng() % n);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(k->try_acquire(keys[order[i++ & (order.size() - 1)]], t0));
+  }
+  state.counters["bytes_per_key"] = static_cast<double>(k->memory_bytes()) / static_cast<double>(k->size());
+}
+BENCHMARK(BM_KeyedTokenBucket_RandomKeys)->Arg(100'000)->Arg(1'000'000);
+
+// --- windows and dual layer --------------------------------------------------------------------------
+
+template <class Limiter>
+void window_benchmark(benchmark::State& state) {
+  auto l = Limiter::create({.limit = 1000, .window = 1s}).value();
+  time_point now = t0;
+  for (auto _ : state) {
+    now += 1ms;  // one check per ms against 1000/s: admitted, and the log trims one entry per check
+    benchmark::DoNotOptimize(l.try_acquire(now, 1));
+  }
+}
+void BM_SlidingWindowLog_TryAcquire(benchmark::State& s) { window_benchmark<sluice::sliding_window_log>(s); }
+void BM_SlidingWindowCounter_TryAcquire(benchmark::State& s) { window_benchmark<sluice::sliding_window_counter>(s); }
+void BM_FixedWindow_TryAcquire(benchmark::State& s) { window_benchmark<sluice::fixed_window>(s); }
+BENCHMARK(BM_SlidingWindowLog_TryAcquire);
+BENCHMARK(BM_SlidingWindowCounter_TryAcquire);
+BENCHMARK(BM_FixedWindow_TryAcquire);
+
+void BM_DualLayer_TryAcquire(benchmark::State& state) {
+  auto d = sluice::dual_layer::create({.tenant = sluice::sliding_window_counter_policy(1000, 1s),
+                                       .user = sluice::token_bucket_policy(sluice::per_second(1000), 10)}).value();
+  time_point now = t0;
+  for (auto _ : state) {
+    now += 1ms;
+    benchmark::DoNotOptimize(d.try_acquire(now, 1));
+  }
+}
+BENCHMARK(BM_DualLayer_TryAcquire);
+
+}  // namespace
+
+BENCHMARK_MAIN();

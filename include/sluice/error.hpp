@@ -1,0 +1,108 @@
+// sluice/error.hpp — the project's one error style: status results.
+//
+// No function of sluice throws on a bad input or a failed backend. Operations that can fail return
+// `sluice::result<T>`: either the value or a `sluice::error` (an `std::error_code` in the
+// `sluice::errc` category plus a message naming the offending parameter). A refusal by a limiter is
+// not an error: it is a `decision` with `allowed == false`.
+//
+//   auto bucket = sluice::token_bucket::create({.rate = sluice::per_second(5), .burst = 60});
+//   if (!bucket) { std::cerr << bucket.error().message << '\n'; return 1; }
+//   sluice::result<sluice::decision> d = (*bucket)->try_acquire(now, 1);
+//
+// Thread-safe: all types here are values.
+#pragma once
+
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <variant>
+
+namespace sluice {
+
+/// Error conditions of sluice. Values are stable: they appear in logs and metrics.
+enum class errc {
+  invalid_argument = 1,   ///< A parameter is out of its documented range; the message names it.
+  cost_exceeds_burst,     ///< The cost can never be admitted: it is larger than the limiter's capacity.
+  key_too_long,           ///< A key or id is longer than `max_key_length`.
+  capacity_exhausted,     ///< A keyed limiter is at its key cap and no entry could be evicted.
+  deadline_exceeded,      ///< A wait could not complete before its deadline.
+  cancelled,              ///< A wait was cancelled through its stop token.
+  unknown_rule,           ///< No rule with that name.
+  backend_unavailable,    ///< The backend cannot be reached (connection refused, closed, circuit open).
+  backend_timeout,        ///< The backend did not answer within the command timeout.
+  backend_protocol,       ///< The backend answered something that is not a valid reply.
+  backend_overloaded,     ///< Too many checks are already waiting on the backend.
+  config_invalid,         ///< A configuration file or value is invalid; the message says where.
+};
+
+}  // namespace sluice
+
+template <>
+struct std::is_error_code_enum<sluice::errc> : std::true_type {};
+
+namespace sluice {
+
+/// The category of `errc`; its name is "sluice".
+const std::error_category& error_category() noexcept;
+
+inline std::error_code make_error_code(errc e) noexcept {
+  return {static_cast<int>(e), error_category()};
+}
+
+/// An error: a code to branch on and a message for people.
+struct error {
+  std::error_code code;
+  std::string message;
+
+  error(errc e, std::string msg) : code(make_error_code(e)), message(std::move(msg)) {}
+  error(std::error_code c, std::string msg) : code(c), message(std::move(msg)) {}
+
+  bool operator==(errc e) const noexcept { return code == make_error_code(e); }
+};
+
+/// Either a value or an error. Check with `ok()` (or contextual bool) before `value()`.
+template <class T>
+class [[nodiscard]] result {
+ public:
+  result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  result(sluice::error e) : v_(std::in_place_index<1>, std::move(e)) {}  // NOLINT
+  result(errc e, std::string message) : v_(std::in_place_index<1>, e, std::move(message)) {}
+  result(std::error_code e, std::string message) : v_(std::in_place_index<1>, e, std::move(message)) {}
+
+  bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+
+  T& value() & { return std::get<0>(v_); }
+  const T& value() const& { return std::get<0>(v_); }
+  T&& value() && { return std::get<0>(std::move(v_)); }
+  T* operator->() { return &std::get<0>(v_); }
+  const T* operator->() const { return &std::get<0>(v_); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+
+  const sluice::error& error() const& { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, sluice::error> v_;
+};
+
+/// A result with no value: success, or an error.
+template <>
+class [[nodiscard]] result<void> {
+ public:
+  result() = default;
+  result(sluice::error e) : e_(std::move(e)), ok_(false) {}  // NOLINT
+  result(errc e, std::string message) : e_(e, std::move(message)), ok_(false) {}
+  result(std::error_code e, std::string message) : e_(e, std::move(message)), ok_(false) {}
+
+  bool ok() const noexcept { return ok_; }
+  explicit operator bool() const noexcept { return ok_; }
+  const sluice::error& error() const& { return e_; }
+
+ private:
+  sluice::error e_{std::error_code{}, {}};
+  bool ok_ = true;
+};
+
+}  // namespace sluice

@@ -1,0 +1,68 @@
+// sluice/keyed.hpp — one limiter per key (user id, tenant, API key, IP) with bounded memory.
+//
+//   auto users = sluice::keyed_limiter::create({.policy = sluice::token_bucket_policy(sluice::per_second(5), 60),
+//                                               .max_keys = 1'000'000});
+//   sluice::decision d = (*users)->try_acquire("user:42", now).value();
+//
+// Keys are any bytes, 1 to max_key_length long. Entries live in a sharded hash table:
+//   - an idle entry (a full bucket, an empty window) is dropped as the table grows: a new key would get
+//     the same state, so no decision changes;
+//   - at most `max_keys` entries; a new key arriving at the cap replaces an idle entry when one is
+//     found among 8 sampled, otherwise the sampled entry nearest to idle, which then starts afresh.
+//     New keys are never refused (refusing them would let a key flood lock out new users); the
+//     cost of the bound under such a flood is that evicted keys may be admitted early.
+//   - a token bucket costs 24 bytes per slot, 32 to 64 bytes per key with the table's load factor
+//     (keys over 15 bytes add their length); memory_bytes() reports it.
+//
+// Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/error.hpp"
+#include "sluice/policy.hpp"
+
+namespace sluice {
+
+class keyed_limiter {
+ public:
+  struct options {
+    sluice::policy policy;                  ///< The limit every key gets. Required.
+    std::size_t max_keys = 1'000'000;       ///< Hard cap on entries; >= 1. Default: 1,000,000.
+    sluice::clock* clock = &real_clock();   ///< Read by the overloads without `now`. Default: real_clock().
+  };
+
+  static result<std::unique_ptr<keyed_limiter>> create(const options& o);
+  ~keyed_limiter();
+  keyed_limiter(const keyed_limiter&) = delete;
+  keyed_limiter& operator=(const keyed_limiter&) = delete;
+
+  /// Checks `key`'s limiter. Errors: empty or over-long key, invalid cost (nothing recorded).
+  result<decision> try_acquire(std::string_view key, time_point now, std::int64_t cost = 1);
+  result<decision> try_acquire(std::string_view key, std::int64_t cost = 1);
+
+  /// A dual-layer check: `tenants` keyed by tenant, `users` by (tenant, user), all or nothing (see
+  /// dual_layer.hpp). `tenants` and `users` must be different limiters.
+  static result<decision> try_acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
+                                           std::string_view user, time_point now, std::int64_t cost = 1);
+
+  const sluice::policy& policy() const noexcept;
+  /// Entries held (idle ones included until dropped).
+  std::size_t size() const;
+  /// Bytes held by the table (see keyed_table.hpp for what is counted).
+  std::size_t memory_bytes() const;
+  /// Drops every idle entry now.
+  void sweep(time_point now);
+
+ private:
+  struct impl;
+  explicit keyed_limiter(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace sluice

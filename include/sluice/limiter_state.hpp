@@ -1,0 +1,85 @@
+// sluice/limiter_state.hpp — any algorithm's state behind one type, chosen at run time by a policy.
+//
+// Rules come from configuration, so the memory backend and the dual-layer check hold states whose
+// algorithm is known only at run time. `compiled_policy` turns a policy into the integer parameters
+// the pure states take; `limiter_state` dispatches to the matching state.
+//
+//   auto cp = sluice::compiled_policy::from(sluice::sliding_window_policy(100, 60s));
+//   sluice::limiter_state s = sluice::limiter_state::make(cp);
+//   if (auto d = s.evaluate(cp, now_ns, 1); d.allowed) s.commit(cp, now_ns, 1);
+//
+// Not thread-safe: callers own the synchronisation.
+#pragma once
+
+#include <cstdint>
+#include <variant>
+
+#include "sluice/gcra.hpp"
+#include "sluice/policy.hpp"
+#include "sluice/window_states.hpp"
+
+namespace sluice {
+
+struct compiled_policy {
+  sluice::algorithm algorithm = algorithm::token_bucket;
+  gcra_params gcra;        ///< token_bucket only
+  window_params window;    ///< window algorithms only
+
+  /// Precondition: validate(p) succeeded.
+  static compiled_policy from(const policy& p) noexcept;
+};
+
+class limiter_state {
+ public:
+  static limiter_state make(const compiled_policy& p) noexcept;
+
+  decision evaluate(const compiled_policy& p, std::int64_t now, std::int64_t cost);
+  void commit(const compiled_policy& p, std::int64_t now, std::int64_t cost);
+  std::int64_t idle_at(const compiled_policy& p) const noexcept;
+
+ private:
+  std::variant<gcra_state, sliding_window_log_state, sliding_window_counter_state, fixed_window_state> state_;
+};
+
+/// The one place a check is decided: evaluates, and commits when allowed.
+template <class State, class Params>
+decision check_and_commit(State& s, const Params& p, std::int64_t now, std::int64_t cost) {
+  decision d = s.evaluate(p, now, cost);
+  if (d.allowed) s.commit(p, now, cost);
+  return d;
+}
+
+/// Both layers of a dual-layer check, all or nothing: admitted only when both admit, and then both
+/// record; a refusal records in neither. `remaining` is the smaller of the two; `rejected_by` names the
+/// refusing layer (tenant first when both refuse). The caller holds both states' locks.
+template <class TenantState, class TenantParams, class UserState, class UserParams>
+decision check_dual_layer(TenantState& tenant, const TenantParams& tp, UserState& user, const UserParams& up,
+                          std::int64_t now, std::int64_t cost) {
+  decision t = tenant.evaluate(tp, now, cost);
+  decision u = user.evaluate(up, now, cost);
+  decision d;
+  d.dual_layer = true;
+  d.allowed = t.allowed && u.allowed;
+  if (d.allowed) {
+    tenant.commit(tp, now, cost);
+    user.commit(up, now, cost);
+  } else {
+    d.rejected_by = t.allowed ? layer::user : layer::tenant;
+    // The layer that would have admitted records nothing: it keeps what it had before this check
+    // (evaluate reported what would remain after taking `cost`).
+    if (t.allowed) t.remaining += cost;
+    if (u.allowed) u.remaining += cost;
+  }
+  d.tenant = {t.limit, t.remaining};
+  d.user = {u.limit, u.remaining};
+  // Report the binding layer: the refusing one, or the one with less left.
+  const decision& binding = !t.allowed ? t : (!u.allowed ? u : (t.remaining < u.remaining ? t : u));
+  d.limit = binding.limit;
+  d.remaining = std::min(t.remaining, u.remaining);
+  d.retry_after = d.allowed ? nanoseconds::zero() : std::max(t.allowed ? nanoseconds::zero() : t.retry_after,
+                                                             u.allowed ? nanoseconds::zero() : u.retry_after);
+  d.reset_after = std::max(t.reset_after, u.reset_after);
+  return d;
+}
+
+}  // namespace sluice

@@ -1,0 +1,36 @@
+// sluice/memory_backend.hpp — the in-process backend: one limiter per (rule, key), nothing to start.
+//
+// Keys live in a sharded map per rule with a hard cap on their number (see keyed.hpp for the
+// eviction rules). Checks complete inline; async_check calls the handler before it returns.
+//
+//   auto backend = sluice::make_memory_backend({.max_keys_per_rule = 1'000'000});
+//   sluice::rule api{.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)};
+//   auto d = backend->check({.rule = &api, .key = "user:42"});
+//
+// Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "sluice/backend.hpp"
+#include "sluice/clock.hpp"
+
+namespace sluice {
+
+struct memory_backend_options {
+  /// Where `now` comes from. Must outlive the backend. Default: real_clock().
+  sluice::clock* clock = &real_clock();
+  /// Hard cap on live keys per rule (per layer for dual-layer rules). Default: 1,000,000.
+  std::size_t max_keys_per_rule = 1'000'000;
+};
+
+class memory_backend : public backend {
+ public:
+  /// Number of live keys across all rules (after dropping idle ones lazily).
+  virtual std::size_t key_count() = 0;
+};
+
+std::unique_ptr<memory_backend> make_memory_backend(const memory_backend_options& options);
+
+}  // namespace sluice

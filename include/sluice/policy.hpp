@@ -1,0 +1,112 @@
+// sluice/policy.hpp — what a limit is, independent of where it is enforced.
+//
+// A `policy` names an algorithm and its parameters; a `rule` gives a policy a name and, for dual-layer
+// rules, a second policy for the tenant layer. The in-process backend, the Redis backend and the
+// configuration loader all speak these types, so one rule means the same thing everywhere.
+//
+//   sluice::rule api{.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)};
+//   sluice::rule ai{.name = "ai", .limit = sluice::sliding_window_policy(100, std::chrono::seconds(60))};
+//
+// Thread-safe: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "sluice/clock.hpp"
+#include "sluice/error.hpp"
+
+namespace sluice {
+
+/// The longest key or id, in bytes, that any limiter accepts. Longer ones get `errc::key_too_long`.
+inline constexpr std::size_t max_key_length = 512;
+
+/// A refill rate in tokens per second. `rate::infinite()` admits everything.
+struct rate {
+  double per_second = 0;
+
+  static constexpr rate infinite() noexcept { return {std::numeric_limits<double>::infinity()}; }
+  bool is_infinite() const noexcept { return per_second == std::numeric_limits<double>::infinity(); }
+  friend bool operator==(rate, rate) = default;
+};
+
+constexpr rate per_second(double n) noexcept { return {n}; }
+constexpr rate per_minute(double n) noexcept { return {n / 60.0}; }
+/// One token every `d`, as Go's rate.Every.
+template <class Rep, class Period>
+constexpr rate every(std::chrono::duration<Rep, Period> d) noexcept {
+  return {1.0 / std::chrono::duration<double>(d).count()};
+}
+
+enum class algorithm : std::uint8_t {
+  token_bucket,            ///< GCRA: rate + burst (x/time/rate semantics).
+  sliding_window_log,      ///< Exact: at most `limit` in any window of length `window`.
+  sliding_window_counter,  ///< O(1) approximation of the log (see sliding_window_counter.hpp).
+  fixed_window,            ///< Quotas: at most `limit` per aligned window.
+};
+
+/// Config spelling: "token_bucket", "sliding_window" (the log), "sliding_window_counter", "fixed_window".
+std::string_view to_string(algorithm a) noexcept;
+std::optional<algorithm> algorithm_from_string(std::string_view s) noexcept;
+
+/// One limiter's parameters. Token bucket uses `rate` and `burst`; the windows use `limit` and `window`.
+struct policy {
+  sluice::algorithm algorithm = algorithm::token_bucket;
+  sluice::rate rate{};         ///< Token bucket: refill rate. >= 0. Default: 0.
+  std::int64_t burst = 0;      ///< Token bucket: capacity. >= 0. Default: 0.
+  std::int64_t limit = 0;      ///< Windows: admissions per window. > 0. Default: 0.
+  nanoseconds window{0};       ///< Windows: length. > 0. Default: 0.
+
+  /// The capacity a decision reports as `limit`: burst, or limit.
+  std::int64_t capacity() const noexcept {
+    return algorithm == algorithm::token_bucket ? burst : limit;
+  }
+  friend bool operator==(const policy&, const policy&) = default;
+};
+
+inline policy token_bucket_policy(sluice::rate r, std::int64_t burst) {
+  return {.algorithm = algorithm::token_bucket, .rate = r, .burst = burst};
+}
+inline policy sliding_window_policy(std::int64_t limit, nanoseconds window) {
+  return {.algorithm = algorithm::sliding_window_log, .limit = limit, .window = window};
+}
+inline policy sliding_window_counter_policy(std::int64_t limit, nanoseconds window) {
+  return {.algorithm = algorithm::sliding_window_counter, .limit = limit, .window = window};
+}
+inline policy fixed_window_policy(std::int64_t limit, nanoseconds window) {
+  return {.algorithm = algorithm::fixed_window, .limit = limit, .window = window};
+}
+
+/// Checks a policy's parameters; the error names the first bad one ("burst must be >= 0, got -1").
+result<void> validate(const policy& p);
+
+/// Checks a cost against a policy: cost > 0, and cost <= capacity when capacity > 0 (a zero-capacity
+/// bucket refuses everything as a decision; an infinite rate admits any cost).
+result<void> validate_cost(const policy& p, std::int64_t cost);
+
+/// The same check with the capacity given directly; `capacity` <= 0 means no upper bound.
+/// `capacity_name` names it in the message ("burst", "limit").
+result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name);
+
+/// Checks a key or id: at most `max_key_length` bytes. Any bytes are allowed.
+result<void> validate_key(std::string_view key, std::string_view what = "key");
+
+/// A named limit. With `tenant` set it is a dual-layer rule: `limit` applies per (tenant, user),
+/// `tenant` per tenant, and a check is admitted only when both admit.
+struct rule {
+  std::string name;
+  policy limit;
+  std::optional<policy> tenant;
+
+  bool is_dual_layer() const noexcept { return tenant.has_value(); }
+  friend bool operator==(const rule&, const rule&) = default;
+};
+
+result<void> validate(const rule& r);
+
+}  // namespace sluice

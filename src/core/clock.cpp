@@ -1,0 +1,82 @@
+#include "sluice/clock.hpp"
+
+#include <time.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "sluice/decision.hpp"
+
+namespace sluice {
+namespace {
+
+// Sleeps on steady_clock, waking early only when `stop` is requested.
+bool sleep_on_steady_clock(time_point deadline, std::stop_token stop) {
+  std::mutex mu;
+  std::condition_variable_any cv;
+  std::unique_lock lock(mu);
+  cv.wait_until(lock, stop, deadline, [] { return false; });
+  return !stop.stop_requested();
+}
+
+class monotonic_clock final : public clock {
+ public:
+  time_point now() noexcept override { return std::chrono::steady_clock::now(); }
+  bool sleep_until(time_point deadline, std::stop_token stop) override {
+    return sleep_on_steady_clock(deadline, std::move(stop));
+  }
+};
+
+class monotonic_coarse_clock final : public clock {
+ public:
+  time_point now() noexcept override {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return time_point(std::chrono::seconds(ts.tv_sec) + nanoseconds(ts.tv_nsec));
+  }
+  bool sleep_until(time_point deadline, std::stop_token stop) override {
+    // The coarse clock lags steady_clock by up to its resolution; sleeping that much longer on
+    // steady_clock guarantees the coarse clock has reached the deadline on waking.
+    return sleep_on_steady_clock(deadline + coarse_clock_resolution(), std::move(stop));
+  }
+};
+
+}  // namespace
+
+clock& real_clock() noexcept {
+  static auto* instance = new monotonic_clock;  // never destroyed: usable during static destruction
+  return *instance;
+}
+
+clock& coarse_clock() noexcept {
+  static auto* instance = new monotonic_coarse_clock;
+  return *instance;
+}
+
+nanoseconds coarse_clock_resolution() noexcept {
+  timespec ts{};
+  clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
+  return std::chrono::seconds(ts.tv_sec) + nanoseconds(ts.tv_nsec);
+}
+
+std::string_view to_string(layer l) noexcept {
+  switch (l) {
+    case layer::none: return "none";
+    case layer::tenant: return "tenant";
+    case layer::user: return "user";
+  }
+  return "none";
+}
+
+std::string_view to_string(decision_source s) noexcept {
+  switch (s) {
+    case decision_source::limiter: return "limiter";
+    case decision_source::fail_open: return "fail_open";
+    case decision_source::fail_closed: return "fail_closed";
+    case decision_source::local_fallback: return "local_fallback";
+    case decision_source::disabled: return "disabled";
+  }
+  return "limiter";
+}
+
+}  // namespace sluice

@@ -1,0 +1,92 @@
+#include "sluice/policy.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "sluice/backend.hpp"
+
+namespace sluice {
+
+std::string_view to_string(algorithm a) noexcept {
+  switch (a) {
+    case algorithm::token_bucket: return "token_bucket";
+    case algorithm::sliding_window_log: return "sliding_window";
+    case algorithm::sliding_window_counter: return "sliding_window_counter";
+    case algorithm::fixed_window: return "fixed_window";
+  }
+  return "unknown";
+}
+
+std::optional<algorithm> algorithm_from_string(std::string_view s) noexcept {
+  for (auto a : {algorithm::token_bucket, algorithm::sliding_window_log, algorithm::sliding_window_counter,
+                 algorithm::fixed_window}) {
+    if (s == to_string(a)) return a;
+  }
+  if (s == "sliding_window_log") return algorithm::sliding_window_log;
+  return std::nullopt;
+}
+
+result<void> validate(const policy& p) {
+  if (p.algorithm == algorithm::token_bucket) {
+    if (std::isnan(p.rate.per_second) || p.rate.per_second < 0) {
+      return {errc::invalid_argument, "rate must be >= 0 tokens per second, got " + std::to_string(p.rate.per_second)};
+    }
+    if (p.burst < 0) return {errc::invalid_argument, "burst must be >= 0, got " + std::to_string(p.burst)};
+    return {};
+  }
+  if (p.limit <= 0) return {errc::invalid_argument, "limit must be > 0, got " + std::to_string(p.limit)};
+  if (p.window <= nanoseconds::zero()) {
+    return {errc::invalid_argument, "window must be > 0, got " + std::to_string(p.window.count()) + " ns"};
+  }
+  return {};
+}
+
+result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name) {
+  if (cost <= 0) return {errc::invalid_argument, "cost must be > 0, got " + std::to_string(cost)};
+  if (capacity > 0 && cost > capacity) {
+    return {errc::cost_exceeds_burst, "cost " + std::to_string(cost) + " exceeds " + std::string(capacity_name) + " " +
+                                          std::to_string(capacity) + ": it can never be admitted"};
+  }
+  return {};
+}
+
+result<void> validate_cost(const policy& p, std::int64_t cost) {
+  if (p.algorithm == algorithm::token_bucket) {
+    return validate_cost(cost, p.rate.is_infinite() ? 0 : p.burst, "burst");
+  }
+  return validate_cost(cost, p.limit, "limit");
+}
+
+result<void> validate_key(std::string_view key, std::string_view what) {
+  if (key.size() > max_key_length) {
+    return {errc::key_too_long, std::string(what) + " is " + std::to_string(key.size()) + " bytes; the maximum is " +
+                                    std::to_string(max_key_length)};
+  }
+  return {};
+}
+
+result<void> validate(const rule& r) {
+  if (r.name.empty()) return {errc::invalid_argument, "rule name must not be empty"};
+  if (auto v = validate(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
+  if (r.tenant) {
+    if (auto v = validate(*r.tenant); !v) return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
+  }
+  return {};
+}
+
+result<void> validate(const check_request& req) {
+  if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
+  const rule& r = *req.rule;
+  if (auto v = validate_cost(r.limit, req.cost); !v) return v;
+  if (r.tenant) {
+    if (auto v = validate_cost(*r.tenant, req.cost); !v) return {v.error().code, "tenant layer: " + v.error().message};
+    if (req.tenant.empty()) return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
+    if (req.user.empty()) return {errc::invalid_argument, "user must not be empty for dual-layer rule '" + r.name + "'"};
+    if (auto v = validate_key(req.tenant, "tenant"); !v) return v;
+    return validate_key(req.user, "user");
+  }
+  if (req.key.empty()) return {errc::invalid_argument, "key must not be empty"};
+  return validate_key(req.key, "key");
+}
+
+}  // namespace sluice

@@ -1,0 +1,71 @@
+#include "sluice/http/headers.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace sluice::http {
+
+std::int64_t ceil_seconds(nanoseconds d) noexcept {
+  if (d <= nanoseconds::zero()) return 0;
+  constexpr std::int64_t ns_per_s = 1'000'000'000;
+  return d.count() / ns_per_s + (d.count() % ns_per_s != 0 ? 1 : 0);
+}
+
+std::int64_t retry_after_seconds(const decision& d) noexcept {
+  constexpr std::int64_t one_day = 86'400;
+  if (d.retry_after == never) return one_day;
+  std::int64_t s = ceil_seconds(d.retry_after);
+  return s < 1 ? 1 : s;
+}
+
+std::int64_t policy_window_seconds(const policy& p) noexcept {
+  if (p.algorithm != algorithm::token_bucket) return std::max<std::int64_t>(1, ceil_seconds(p.window));
+  if (p.rate.per_second <= 0 || p.rate.is_infinite()) return 1;
+  double s = std::ceil(static_cast<double>(p.burst) / p.rate.per_second);
+  constexpr double cap = 1e12;  // far beyond any real window; keeps the cast defined
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::min(s, cap)));
+}
+
+namespace {
+
+// A structured-field string item: the rule name with '"' and '\' escaped and non-printable ASCII
+// dropped (names come from config, but the header must stay valid whatever they hold).
+std::string sf_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c < 0x20 || c > 0x7e) continue;
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace
+
+std::vector<header_field> rate_limit_headers(const decision& d, const rule& r,
+                                             std::chrono::system_clock::time_point wall_now,
+                                             const header_options& options) {
+  std::vector<header_field> fields;
+  std::int64_t reset_s = ceil_seconds(d.reset_after);
+  std::int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
+  if (options.legacy_fields) {
+    auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(wall_now.time_since_epoch()).count();
+    fields.push_back({"X-RateLimit-Limit", std::to_string(d.limit)});
+    fields.push_back({"X-RateLimit-Remaining", std::to_string(remaining)});
+    fields.push_back({"X-RateLimit-Reset", std::to_string(unix_now + reset_s)});
+  }
+  if (options.ietf_fields) {
+    // For a dual-layer rule the figures shown are those of the binding layer (decision.limit).
+    const policy& p = d.dual_layer && d.rejected_by == layer::tenant && r.tenant ? *r.tenant : r.limit;
+    std::string name = sf_string(r.name);
+    fields.push_back({"RateLimit-Policy",
+                      name + ";q=" + std::to_string(d.limit) + ";w=" + std::to_string(policy_window_seconds(p))});
+    fields.push_back({"RateLimit", name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset_s)});
+  }
+  if (!d.allowed) fields.push_back({"Retry-After", std::to_string(retry_after_seconds(d))});
+  return fields;
+}
+
+}  // namespace sluice::http

@@ -1,0 +1,101 @@
+#include "sluice/keyed.hpp"
+
+#include <string>
+#include <variant>
+
+#include "keyed/keyed_table.hpp"
+#include "sluice/limiter_state.hpp"
+
+namespace sluice {
+
+// Token buckets get a table of bare 8-byte states; the window algorithms share one of limiter_state.
+using bucket_table = detail::keyed_table<gcra_state, gcra_params>;
+using window_table = detail::keyed_table<limiter_state, compiled_policy>;
+
+struct keyed_limiter::impl {
+  sluice::policy policy;
+  sluice::clock* clock;
+  std::variant<bucket_table, window_table> table;
+};
+
+namespace {
+
+// An unambiguous key for a (tenant, user) pair: the tenant's length first.
+std::string pair_key(std::string_view tenant, std::string_view user) {
+  std::string k = std::to_string(tenant.size());
+  k += ':';
+  k += tenant;
+  k += user;
+  return k;
+}
+
+}  // namespace
+
+result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
+  if (auto v = validate(o.policy); !v) return v.error();
+  if (o.max_keys == 0) return {errc::invalid_argument, "max_keys must be >= 1"};
+  if (o.clock == nullptr) return {errc::invalid_argument, "clock must not be null"};
+  const compiled_policy cp = compiled_policy::from(o.policy);
+  auto make_table = [&]() -> std::variant<bucket_table, window_table> {
+    if (o.policy.algorithm == algorithm::token_bucket) return bucket_table(cp.gcra, o.max_keys, gcra_state{});
+    return window_table(cp, o.max_keys, limiter_state::make(cp));
+  };
+  auto p = std::unique_ptr<impl>(new impl{o.policy, o.clock, make_table()});
+  return std::unique_ptr<keyed_limiter>(new keyed_limiter(std::move(p)));
+}
+
+keyed_limiter::keyed_limiter(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
+keyed_limiter::~keyed_limiter() = default;
+
+result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now, std::int64_t cost) {
+  if (key.empty()) return {errc::invalid_argument, "key must not be empty"};
+  if (auto v = validate_key(key); !v) return v.error();
+  if (auto c = validate_cost(impl_->policy, cost); !c) return c.error();
+  const std::int64_t now_ns = to_ns(now);
+  return std::visit(
+      [&](auto& table) {
+        return table.with_entry(key, now_ns, [&](auto& state) { return check_and_commit(state, table.params(), now_ns, cost); });
+      },
+      impl_->table);
+}
+
+result<decision> keyed_limiter::try_acquire(std::string_view key, std::int64_t cost) {
+  return try_acquire(key, impl_->clock->now(), cost);
+}
+
+result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
+                                                 std::string_view user, time_point now, std::int64_t cost) {
+  if (&tenants == &users) return {errc::invalid_argument, "tenant and user layers must be different limiters"};
+  if (tenant.empty()) return {errc::invalid_argument, "tenant must not be empty"};
+  if (user.empty()) return {errc::invalid_argument, "user must not be empty"};
+  if (auto v = validate_key(tenant, "tenant"); !v) return v.error();
+  if (auto v = validate_key(user, "user"); !v) return v.error();
+  if (auto c = validate_cost(tenants.impl_->policy, cost); !c) return error(c.error().code, "tenant layer: " + c.error().message);
+  if (auto c = validate_cost(users.impl_->policy, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
+  const std::int64_t now_ns = to_ns(now);
+  const std::string user_key = pair_key(tenant, user);
+  return std::visit(
+      [&](auto& tenant_table, auto& user_table) {
+        // Tenant first, then user: the one lock order every dual-layer check uses.
+        return with_entry_pair(tenant_table, tenant, user_table, user_key, now_ns, [&](auto& t, auto& u) {
+          return check_dual_layer(t, tenant_table.params(), u, user_table.params(), now_ns, cost);
+        });
+      },
+      tenants.impl_->table, users.impl_->table);
+}
+
+const policy& keyed_limiter::policy() const noexcept { return impl_->policy; }
+
+std::size_t keyed_limiter::size() const {
+  return std::visit([](const auto& t) { return t.size(); }, impl_->table);
+}
+
+std::size_t keyed_limiter::memory_bytes() const {
+  return std::visit([](const auto& t) { return t.memory_bytes(); }, impl_->table);
+}
+
+void keyed_limiter::sweep(time_point now) {
+  std::visit([&](auto& t) { t.sweep(to_ns(now)); }, impl_->table);
+}
+
+}  // namespace sluice

@@ -1,0 +1,72 @@
+#include "sluice/policy.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "sluice/backend.hpp"
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Policy, ValidationNamesTheParameter) {
+  struct bad_case {
+    policy p;
+    const char* names;
+  };
+  const bad_case cases[] = {
+      {token_bucket_policy(per_second(-1), 1), "rate"},
+      {token_bucket_policy(per_second(1), -1), "burst"},
+      {sliding_window_policy(0, 1s), "limit"},
+      {sliding_window_policy(-5, 1s), "limit"},
+      {sliding_window_policy(1, 0s), "window"},
+      {fixed_window_policy(1, -1s), "window"},
+      {sliding_window_counter_policy(0, 1s), "limit"},
+  };
+  for (const auto& c : cases) {
+    auto v = validate(c.p);
+    ASSERT_FALSE(v.ok()) << c.names;
+    EXPECT_EQ(v.error(), errc::invalid_argument);
+    EXPECT_NE(v.error().message.find(c.names), std::string::npos) << v.error().message;
+  }
+  EXPECT_TRUE(validate(token_bucket_policy(per_second(0), 0)).ok());
+  EXPECT_TRUE(validate(token_bucket_policy(rate::infinite(), 0)).ok());
+}
+
+TEST(Policy, AlgorithmNames) {
+  EXPECT_EQ(algorithm_from_string("sliding_window"), algorithm::sliding_window_log);
+  EXPECT_EQ(algorithm_from_string("token_bucket"), algorithm::token_bucket);
+  EXPECT_EQ(algorithm_from_string("fixed_window"), algorithm::fixed_window);
+  EXPECT_EQ(algorithm_from_string("leaky"), std::nullopt);
+  EXPECT_EQ(to_string(algorithm::sliding_window_counter), "sliding_window_counter");
+}
+
+TEST(Policy, RatesFromDurations) {
+  EXPECT_DOUBLE_EQ(every(200ms).per_second, 5.0);
+  EXPECT_DOUBLE_EQ(per_minute(120).per_second, 2.0);
+  EXPECT_TRUE(rate::infinite().is_infinite());
+}
+
+TEST(CheckRequest, Validation) {
+  rule r{.name = "r", .limit = sliding_window_policy(10, 1s)};
+  EXPECT_TRUE(validate(check_request{.rule = &r, .key = "k"}).ok());
+  EXPECT_EQ(validate(check_request{.rule = &r, .key = "k", .cost = 11}).error(), errc::cost_exceeds_burst);
+  rule dual{.name = "d", .limit = sliding_window_policy(10, 1s), .tenant = sliding_window_policy(5, 1s)};
+  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = "t", .user = "u", .cost = 6}).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(validate(check_request{.rule = &dual, .user = "u"}).error(), errc::invalid_argument);
+  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = std::string(513, 't'), .user = "u"}).error(), errc::key_too_long);
+}
+
+TEST(Error, CategoryAndMessages) {
+  std::error_code ec = errc::backend_timeout;
+  EXPECT_STREQ(ec.category().name(), "sluice");
+  EXPECT_EQ(ec.message(), "backend timeout");
+  result<int> r(errc::invalid_argument, "x must be > 0");
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.error(), errc::invalid_argument);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,197 @@
+#include "sluice/window_limiter.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <deque>
+#include <random>
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr time_point t0 = time_point(std::chrono::seconds(600));  // a multiple of every window used
+
+template <class Limiter>
+Limiter make(std::int64_t limit, nanoseconds window) {
+  auto l = Limiter::create({.limit = limit, .window = window});
+  EXPECT_TRUE(l.ok());
+  return std::move(l).value();
+}
+
+template <class Limiter>
+decision acquire(Limiter& l, time_point now, std::int64_t cost = 1) {
+  auto d = l.try_acquire(now, cost);
+  EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.error().message);
+  return d.ok() ? d.value() : decision{};
+}
+
+// --- sliding window log ----------------------------------------------------------------------------
+
+TEST(SlidingWindowLog, AdmitsLimitThenRefusesWithRetryUntilOldestLeaves) {
+  auto log = make<sliding_window_log>(3, 60s);
+  EXPECT_EQ(acquire(log, t0).remaining, 2);
+  EXPECT_EQ(acquire(log, t0 + 10s).remaining, 1);
+  decision third = acquire(log, t0 + 20s);
+  EXPECT_TRUE(third.allowed);
+  EXPECT_EQ(third.remaining, 0);
+  EXPECT_EQ(third.reset_after, 60s);
+
+  decision refused = acquire(log, t0 + 30s);
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.retry_after, 30s);  // oldest (t0) + 60 s − now
+  EXPECT_EQ(refused.reset_after, 50s);  // newest (t0 + 20 s) + 60 s − now
+  EXPECT_EQ(refused.limit, 3);
+}
+
+TEST(SlidingWindowLog, WindowSlides) {
+  auto log = make<sliding_window_log>(2, 10s);
+  EXPECT_TRUE(acquire(log, t0).allowed);
+  EXPECT_TRUE(acquire(log, t0 + 5s).allowed);
+  EXPECT_FALSE(acquire(log, t0 + 9s).allowed);
+  EXPECT_FALSE(acquire(log, t0 + 10s - 1ns).allowed);
+  EXPECT_TRUE(acquire(log, t0 + 10s).allowed);  // t0 has left (now − W, now]
+  EXPECT_FALSE(acquire(log, t0 + 10s).allowed);
+  EXPECT_TRUE(acquire(log, t0 + 15s).allowed);
+}
+
+TEST(SlidingWindowLog, RefusedRequestsAreNotRecorded) {
+  auto log = make<sliding_window_log>(1, 10s);
+  EXPECT_TRUE(acquire(log, t0).allowed);
+  for (int i = 1; i < 10; ++i) EXPECT_FALSE(acquire(log, t0 + std::chrono::seconds(i)).allowed);
+  EXPECT_TRUE(acquire(log, t0 + 10s).allowed);  // the refusals did not extend the window
+}
+
+TEST(SlidingWindowLog, CostRetryWaitsForEnoughEntries) {
+  auto log = make<sliding_window_log>(5, 10s);
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(acquire(log, t0 + std::chrono::seconds(i)).allowed);
+  decision d = acquire(log, t0 + 5s, 3);  // the three oldest (t0, +1, +2) must leave
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, 7s);
+  EXPECT_TRUE(acquire(log, t0 + 12s, 3).allowed);
+}
+
+TEST(SlidingWindowLog, CostAboveLimitIsAnError) {
+  auto log = make<sliding_window_log>(5, 10s);
+  EXPECT_EQ(log.try_acquire(t0, 6).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(log.try_acquire(t0, 0).error(), errc::invalid_argument);
+}
+
+TEST(SlidingWindowLog, InvalidOptionsNameTheParameter) {
+  auto a = sliding_window_log::create({.limit = 0, .window = 1s});
+  ASSERT_FALSE(a.ok());
+  EXPECT_NE(a.error().message.find("limit"), std::string::npos);
+  auto b = sliding_window_log::create({.limit = 1, .window = -1s});
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.error().message.find("window"), std::string::npos);
+}
+
+TEST(SlidingWindowLog, ReverseTimeIsNoTimePassing) {
+  auto log = make<sliding_window_log>(1, 10s);
+  EXPECT_TRUE(acquire(log, t0).allowed);
+  EXPECT_FALSE(acquire(log, t0 - 1h).allowed);
+  EXPECT_TRUE(acquire(log, t0 + 10s).allowed);
+}
+
+// Exactness: against a brute-force count, at most `limit` in every window (now − W, now].
+TEST(SlidingWindowLog, NeverMoreThanLimitInAnyWindowRandomised) {
+  constexpr std::int64_t limit = 7;
+  constexpr auto window = 1s;
+  auto log = make<sliding_window_log>(limit, window);
+  std::mt19937_64 rng(42);
+  std::deque<time_point> admitted;
+  time_point now = t0;
+  for (int i = 0; i < 20'000; ++i) {
+    now += std::chrono::microseconds(rng() % 300'000);
+    bool allowed = acquire(log, now).allowed;
+    while (!admitted.empty() && admitted.front() <= now - window) admitted.pop_front();
+    // The log admits exactly when the brute-force count has room.
+    ASSERT_EQ(allowed, static_cast<std::int64_t>(admitted.size()) < limit) << "at step " << i;
+    if (allowed) admitted.push_back(now);
+  }
+}
+
+// --- the 2N pitfall ----------------------------------------------------------------------------------
+
+TEST(SlidingWindowLog, AdmitsExactlyNWhereATokenBucketWouldAdmit2N) {
+  constexpr int n = 100;
+  auto log = make<sliding_window_log>(n, 60s);
+  int admitted = 0;
+  for (int ms = 0; ms < 60'000; ms += 10) admitted += acquire(log, t0 + std::chrono::milliseconds(ms)).allowed;
+  EXPECT_EQ(admitted, n);
+}
+
+// --- sliding window counter --------------------------------------------------------------------------
+
+TEST(SlidingWindowCounter, WeighsThePreviousWindowByItsOverlap) {
+  auto c = make<sliding_window_counter>(10, 10s);
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(acquire(c, t0 + 1s).allowed);
+  EXPECT_FALSE(acquire(c, t0 + 2s).allowed);
+  // At 30% into the next window the previous 10 weigh 7: three more fit.
+  EXPECT_EQ(acquire(c, t0 + 13s).remaining, 2);
+  EXPECT_TRUE(acquire(c, t0 + 13s).allowed);
+  EXPECT_TRUE(acquire(c, t0 + 13s).allowed);
+  decision refused = acquire(c, t0 + 13s);
+  EXPECT_FALSE(refused.allowed);
+  // 10 × (10 − e)/10 + 3 + 1 <= 10  ⇔  e >= 4 s: one second from now.
+  EXPECT_EQ(refused.retry_after, 1s);
+  EXPECT_TRUE(acquire(c, t0 + 14s).allowed);
+}
+
+TEST(SlidingWindowCounter, RetryIntoTheNextWindowWhenThisOneIsFull) {
+  auto c = make<sliding_window_counter>(4, 10s);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(acquire(c, t0 + 5s).allowed);
+  decision d = acquire(c, t0 + 5s);
+  EXPECT_FALSE(d.allowed);
+  // Next window: 4 × (10 − e)/10 + 1 <= 4  ⇔  e >= 2.5 s; the window starts in 5 s.
+  EXPECT_EQ(d.retry_after, 7500ms);
+  EXPECT_FALSE(acquire(c, t0 + 12500ms - 1ns).allowed);
+  EXPECT_TRUE(acquire(c, t0 + 12500ms).allowed);
+  EXPECT_EQ(d.reset_after, 15s);  // both windows empty at the end of the next one
+}
+
+TEST(SlidingWindowCounter, EmptiesAfterTwoWindows) {
+  auto c = make<sliding_window_counter>(2, 10s);
+  EXPECT_TRUE(acquire(c, t0).allowed);
+  EXPECT_TRUE(acquire(c, t0).allowed);
+  EXPECT_EQ(acquire(c, t0 + 20s).remaining, 1);
+}
+
+// The documented worst case: fewer than 2 × limit in one window of length W.
+TEST(SlidingWindowCounter, WorstCaseStaysUnderTwiceTheLimit) {
+  constexpr std::int64_t limit = 100;
+  auto c = make<sliding_window_counter>(limit, 10s);
+  int admitted = 0;
+  for (int i = 0; i < 200; ++i) admitted += acquire(c, t0 + 10s - 1ms).allowed;  // end of a window
+  for (int ms = 0; ms < 9'999; ms += 1) admitted += acquire(c, t0 + 10s + std::chrono::milliseconds(ms)).allowed;
+  EXPECT_GT(admitted, limit);       // the approximation does let more through here
+  EXPECT_LT(admitted, 2 * limit);   // but never twice the limit
+}
+
+// --- fixed window ------------------------------------------------------------------------------------
+
+TEST(FixedWindow, CountsPerAlignedWindow) {
+  auto q = make<fixed_window>(3, 24h);
+  const time_point day = time_point(std::chrono::hours(24 * 1000));
+  EXPECT_EQ(acquire(q, day + 1h).remaining, 2);
+  EXPECT_TRUE(acquire(q, day + 2h).allowed);
+  decision last = acquire(q, day + 3h);
+  EXPECT_TRUE(last.allowed);
+  EXPECT_EQ(last.reset_after, 21h);
+  decision refused = acquire(q, day + 23h);
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.retry_after, 1h);
+  EXPECT_TRUE(acquire(q, day + 24h).allowed);  // a new day
+}
+
+TEST(FixedWindow, AllowsTwiceTheLimitAcrossABoundary) {
+  auto q = make<fixed_window>(5, 10s);
+  int admitted = 0;
+  for (int i = 0; i < 10; ++i) admitted += acquire(q, t0 + 10s - 1ns).allowed;
+  for (int i = 0; i < 10; ++i) admitted += acquire(q, t0 + 10s).allowed;
+  EXPECT_EQ(admitted, 10);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,60 @@
+#include "sluice/http/headers.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+
+namespace sluice::http {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::map<std::string, std::string> as_map(const std::vector<header_field>& fields) {
+  std::map<std::string, std::string> m;
+  for (const auto& f : fields) m.emplace(std::string(f.name), f.value);
+  return m;
+}
+
+const auto wall = std::chrono::system_clock::time_point(std::chrono::seconds(1'700'000'000));
+
+TEST(Headers, AdmittedCarriesLimitRemainingReset) {
+  rule r{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
+  decision d{.allowed = true, .limit = 60, .remaining = 59, .reset_after = 200ms};
+  auto h = as_map(rate_limit_headers(d, r, wall, {}));
+  EXPECT_EQ(h["X-RateLimit-Limit"], "60");
+  EXPECT_EQ(h["X-RateLimit-Remaining"], "59");
+  EXPECT_EQ(h["X-RateLimit-Reset"], "1700000001");  // rounded up to whole seconds
+  EXPECT_EQ(h.count("Retry-After"), 0u);
+  EXPECT_EQ(h.count("RateLimit"), 0u);
+}
+
+TEST(Headers, RefusedCarriesRetryAfterAtLeastOneSecond) {
+  rule r{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
+  decision d{.allowed = false, .limit = 60, .remaining = 0, .retry_after = 200ms, .reset_after = 12s};
+  auto h = as_map(rate_limit_headers(d, r, wall, {}));
+  EXPECT_EQ(h["Retry-After"], "1");
+  d.retry_after = 2001ms;
+  EXPECT_EQ(as_map(rate_limit_headers(d, r, wall, {}))["Retry-After"], "3");
+  d.retry_after = never;
+  EXPECT_EQ(as_map(rate_limit_headers(d, r, wall, {}))["Retry-After"], "86400");
+}
+
+TEST(Headers, IetfFields) {
+  rule r{.name = "ai\"x", .limit = sliding_window_policy(100, 60s)};
+  decision d{.allowed = true, .limit = 100, .remaining = 42, .reset_after = 30s};
+  auto h = as_map(rate_limit_headers(d, r, wall, {.legacy_fields = false, .ietf_fields = true}));
+  EXPECT_EQ(h["RateLimit-Policy"], "\"ai\\\"x\";q=100;w=60");
+  EXPECT_EQ(h["RateLimit"], "\"ai\\\"x\";r=42;t=30");
+  EXPECT_EQ(h.count("X-RateLimit-Limit"), 0u);
+}
+
+TEST(Headers, TokenBucketWindowIsTimeToRefill) {
+  EXPECT_EQ(policy_window_seconds(token_bucket_policy(per_second(5), 60)), 12);
+  EXPECT_EQ(policy_window_seconds(token_bucket_policy(per_second(0), 60)), 1);
+  EXPECT_EQ(policy_window_seconds(sliding_window_policy(1, 250ms)), 1);
+  EXPECT_EQ(ceil_seconds(-5s), 0);
+}
+
+}  // namespace
+}  // namespace sluice::http

@@ -1,0 +1,126 @@
+#include "sluice/keyed.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr time_point t0 = time_point(std::chrono::seconds(600));
+
+std::unique_ptr<keyed_limiter> make(policy p, std::size_t max_keys = 1'000'000) {
+  auto k = keyed_limiter::create({.policy = p, .max_keys = max_keys});
+  EXPECT_TRUE(k.ok()) << (k.ok() ? "" : k.error().message);
+  return std::move(k).value();
+}
+
+decision acquire(keyed_limiter& k, std::string_view key, time_point now, std::int64_t cost = 1) {
+  auto d = k.try_acquire(key, now, cost);
+  EXPECT_TRUE(d.ok()) << (d.ok() ? "" : d.error().message);
+  return d.ok() ? d.value() : decision{};
+}
+
+TEST(KeyedLimiter, EachKeyHasItsOwnLimiter) {
+  auto k = make(token_bucket_policy(per_second(5), 60));
+  for (int i = 0; i < 60; ++i) EXPECT_TRUE(acquire(*k, "user:a", t0).allowed);
+  EXPECT_FALSE(acquire(*k, "user:a", t0).allowed);
+  EXPECT_TRUE(acquire(*k, "user:b", t0).allowed);  // b is unaffected by a
+  EXPECT_EQ(k->size(), 2u);
+}
+
+TEST(KeyedLimiter, LongAndBinaryKeysAreDistinct) {
+  auto k = make(sliding_window_policy(1, 10s));
+  const std::string long_a(400, 'a');
+  std::string long_b = long_a;
+  long_b.back() = 'b';
+  const std::string binary("\0\xff\x01", 3);
+  for (const std::string& key : {long_a, long_b, binary, std::string("a"), std::string(15, 'x'), std::string(16, 'x')}) {
+    EXPECT_TRUE(acquire(*k, key, t0).allowed) << key.size();
+    EXPECT_FALSE(acquire(*k, key, t0).allowed) << key.size();
+  }
+  EXPECT_EQ(k->size(), 6u);
+}
+
+TEST(KeyedLimiter, BadKeysAreErrorsThatChangeNothing) {
+  auto k = make(token_bucket_policy(per_second(1), 1));
+  EXPECT_EQ(k->try_acquire("", t0).error(), errc::invalid_argument);
+  EXPECT_EQ(k->try_acquire(std::string(max_key_length + 1, 'k'), t0).error(), errc::key_too_long);
+  EXPECT_TRUE(k->try_acquire(std::string(max_key_length, 'k'), t0).ok());
+  EXPECT_EQ(k->try_acquire("x", t0, 2).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(k->size(), 1u);
+}
+
+TEST(KeyedLimiter, IdleEntriesAreDroppedWithoutChangingDecisions) {
+  auto k = make(token_bucket_policy(per_second(10), 2));
+  for (int i = 0; i < 1000; ++i) EXPECT_TRUE(acquire(*k, "k" + std::to_string(i), t0).allowed);
+  EXPECT_TRUE(acquire(*k, "busy", t0).allowed);
+  EXPECT_TRUE(acquire(*k, "busy", t0).allowed);
+  EXPECT_EQ(k->size(), 1001u);
+  // 150 ms later every bucket that took one token is full again (idle ≥ cost / r); "busy" is not.
+  k->sweep(t0 + 150ms);
+  EXPECT_EQ(k->size(), 1u);
+  // Its state survived the sweep: 1.5 tokens refilled, so one admission, not two.
+  EXPECT_TRUE(acquire(*k, "busy", t0 + 150ms).allowed);
+  EXPECT_FALSE(acquire(*k, "busy", t0 + 150ms).allowed);
+}
+
+TEST(KeyedLimiter, CapBoundsKeysAndEvictsIdleFirst) {
+  constexpr std::size_t cap = 100;
+  auto k = make(sliding_window_policy(1, 10s), cap);
+  // 50 keys that will be idle later, then 50 that are busy (admitted later).
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(acquire(*k, "old" + std::to_string(i), t0).allowed);
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(acquire(*k, "busy" + std::to_string(i), t0 + 5s).allowed);
+  EXPECT_EQ(k->size(), cap);
+  // At t0 + 12 s the old keys are idle, the busy ones not: 50 new keys displace only idle entries.
+  for (int i = 0; i < 50; ++i) EXPECT_TRUE(acquire(*k, "new" + std::to_string(i), t0 + 12s).allowed);
+  EXPECT_LE(k->size(), cap);
+  for (int i = 0; i < 50; ++i) EXPECT_FALSE(acquire(*k, "busy" + std::to_string(i), t0 + 12s).allowed) << i;
+}
+
+TEST(KeyedLimiter, KeyFloodAtTheCapNeverExceedsIt) {
+  constexpr std::size_t cap = 1000;
+  auto k = make(token_bucket_policy(per_second(1), 10), cap);
+  for (int i = 0; i < 50'000; ++i) EXPECT_TRUE(acquire(*k, "flood:" + std::to_string(i), t0).allowed);
+  EXPECT_LE(k->size(), cap);
+  EXPECT_LT(k->memory_bytes(), cap * 200);
+}
+
+TEST(KeyedLimiter, DualLayerAcrossKeys) {
+  auto tenants = make(sliding_window_policy(5, 60s));
+  auto users = make(sliding_window_policy(3, 60s));
+  auto check = [&](std::string_view tenant, std::string_view user) {
+    return keyed_limiter::try_acquire_dual(*tenants, tenant, *users, user, t0).value();
+  };
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(check("acme", "alice").allowed);
+  decision refused = check("acme", "alice");
+  EXPECT_EQ(refused.rejected_by, layer::user);
+  EXPECT_EQ(refused.tenant.remaining, 2);
+  EXPECT_TRUE(check("acme", "bob").allowed);
+  EXPECT_TRUE(check("acme", "bob").allowed);
+  decision tenant_full = check("acme", "carol");
+  EXPECT_EQ(tenant_full.rejected_by, layer::tenant);
+  EXPECT_EQ(tenant_full.user.remaining, 3);  // carol's own layer untouched
+  EXPECT_TRUE(check("other", "alice").allowed);  // another tenant, another alice
+  // (tenant, user) pairs cannot collide by concatenation.
+  EXPECT_TRUE(check("ab", "c").allowed);
+  EXPECT_EQ(check("a", "bc").user.remaining, 2);
+}
+
+TEST(KeyedLimiter, DualLayerRejectsTheSameLimiterTwice) {
+  auto k = make(sliding_window_policy(5, 60s));
+  EXPECT_EQ(keyed_limiter::try_acquire_dual(*k, "t", *k, "u", t0).error(), errc::invalid_argument);
+}
+
+TEST(KeyedLimiter, MemoryPerTokenBucketKeyIsBounded) {
+  auto k = make(token_bucket_policy(per_second(1), 10));
+  constexpr int n = 100'000;
+  for (int i = 0; i < n; ++i) EXPECT_TRUE(acquire(*k, "u" + std::to_string(i), t0).allowed);
+  EXPECT_LE(k->memory_bytes() / n, 64u);
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,81 @@
+#include "sluice/memory_backend.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "sluice/testing/simulated_clock.hpp"
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+class MemoryBackend : public ::testing::Test {
+ protected:
+  testing::simulated_clock clock_;
+  std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_, .max_keys_per_rule = 1000});
+  rule api_{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
+  rule tenant_api_{.name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)};
+};
+
+TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
+  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = &api_, .key = "user:1"}).value().allowed);
+  decision d = backend_->check({.rule = &api_, .key = "user:1"}).value();
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, 200ms);
+  EXPECT_TRUE(backend_->check({.rule = &api_, .key = "user:2"}).value().allowed);
+  rule other{.name = "other", .limit = api_.limit};
+  EXPECT_TRUE(backend_->check({.rule = &other, .key = "user:1"}).value().allowed);
+  EXPECT_EQ(backend_->key_count(), 3u);
+}
+
+TEST_F(MemoryBackend, AsyncCheckCompletesWithTheSameDecision) {
+  int calls = 0;
+  backend_->async_check({.rule = &api_, .key = "k", .cost = 60}, [&](result<decision> d) {
+    ++calls;
+    EXPECT_TRUE(d.value().allowed);
+  });
+  backend_->async_check({.rule = &api_, .key = "k"}, [&](result<decision> d) {
+    ++calls;
+    EXPECT_FALSE(d.value().allowed);
+  });
+  EXPECT_EQ(calls, 2);
+}
+
+TEST_F(MemoryBackend, DualLayerRule) {
+  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value().allowed);
+  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value().allowed);
+  decision user_full = backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value();
+  EXPECT_EQ(user_full.rejected_by, layer::user);
+  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "b"}).value().allowed);
+  decision tenant_full = backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "c"}).value();
+  EXPECT_EQ(tenant_full.rejected_by, layer::tenant);
+  EXPECT_EQ(tenant_full.tenant.limit, 3);
+}
+
+TEST_F(MemoryBackend, InvalidRequestsAreErrorsAndChangeNothing) {
+  EXPECT_EQ(backend_->check({.rule = nullptr, .key = "k"}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = &api_, .key = ""}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = &api_, .key = "k", .cost = 0}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = &api_, .key = "k", .cost = 61}).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(backend_->check({.rule = &api_, .key = std::string(600, 'k')}).error(), errc::key_too_long);
+  EXPECT_EQ(backend_->check({.rule = &tenant_api_, .tenant = "acme"}).error(), errc::invalid_argument);
+  rule bad{.name = "bad", .limit = sliding_window_policy(0, 1s)};
+  EXPECT_EQ(backend_->check({.rule = &bad, .key = "k"}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->key_count(), 0u);
+}
+
+TEST_F(MemoryBackend, ChangedRuleStartsAfreshUnchangedKeepsState) {
+  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = &api_, .key = "k"}).value().allowed);
+  rule same = api_;
+  EXPECT_FALSE(backend_->check({.rule = &same, .key = "k"}).value().allowed);
+  rule changed{.name = "api", .limit = token_bucket_policy(per_second(5), 100)};
+  EXPECT_TRUE(backend_->check({.rule = &changed, .key = "k"}).value().allowed);
+  backend_->forget_rule("api");
+  EXPECT_EQ(backend_->key_count(), 0u);
+  EXPECT_TRUE(backend_->ready());
+}
+
+}  // namespace
+}  // namespace sluice
