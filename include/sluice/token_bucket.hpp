@@ -72,8 +72,9 @@ class token_bucket {
   void cancel(const reservation& r, time_point now) noexcept;
 
   /// Blocks on the bucket's clock until `cost` tokens are available and takes them. Fails at once,
-  /// taking nothing, with deadline_exceeded when they cannot be available by `deadline`; fails with
-  /// cancelled (tokens given back) when `stop` is requested while waiting.
+  /// taking nothing, with deadline_exceeded when they cannot be available by `deadline` (and with
+  /// the errors of reserve()); fails with cancelled, tokens given back, when `stop` is requested
+  /// while waiting.
   result<void> wait(std::int64_t cost, time_point deadline, std::stop_token stop = {});
 
   /// Changes the rate or the burst live. The tokens held at `now` are kept (capped to the burst at
@@ -82,30 +83,41 @@ class token_bucket {
   result<void> set_burst(std::int64_t burst, time_point now);
 
   sluice::rate rate() const noexcept;
-  std::int64_t burst() const noexcept { return burst_.load(std::memory_order_relaxed); }
+  std::int64_t burst() const noexcept;
 
   /// Whole tokens available at `now` (negative while reservations are outstanding).
   std::int64_t tokens(time_point now) const noexcept;
 
  private:
+  // The parameters a generation of the state word refers to. Written only while not current.
+  struct params_slot {
+    std::atomic<std::int64_t> interval_ns{0};
+    std::atomic<std::int64_t> burst{0};
+    std::atomic<std::int64_t> tolerance_ns{0};
+    std::atomic<double> rate{0};
+  };
+  static constexpr std::int64_t generation_mask = 3;  // four parameter slots
+
   explicit token_bucket(const options& o);
 
-  gcra_params params() const noexcept {
-    return {interval_.load(std::memory_order_relaxed), burst_.load(std::memory_order_relaxed),
-            tolerance_.load(std::memory_order_relaxed)};
+  static std::int64_t tat_of(std::int64_t word) noexcept { return word & ~generation_mask; }
+  static std::size_t generation_of(std::int64_t word) noexcept { return static_cast<std::size_t>(word & generation_mask); }
+  /// TAT rounded up to a multiple of 4 ns (never admits early), tagged with its parameters' slot.
+  static std::int64_t pack(std::int64_t tat, std::size_t generation) noexcept {
+    return (saturating::add(tat, generation_mask) & ~generation_mask) | static_cast<std::int64_t>(generation);
   }
-  result<void> check_cost(const gcra_params& p, std::int64_t cost) const noexcept;
+  gcra_params params_of(std::int64_t word) const noexcept;
+  /// Reserves `cost` tokens unless they would be available only after `latest`.
+  result<reservation> reserve_until(time_point now, std::int64_t cost, time_point latest) noexcept;
   result<void> change(std::optional<sluice::rate> r, std::optional<std::int64_t> burst, time_point now);
 
-  // The bucket's state: one word, updated with compare-and-swap.
-  std::atomic<std::int64_t> tat_{gcra_state::empty_tat};
-  // Parameters: read relaxed on every check; written only under change_mutex_. A check racing a
-  // change sees the old or the new values (briefly a mix): never an invalid state.
-  std::atomic<std::int64_t> interval_;
-  std::atomic<std::int64_t> burst_;
-  std::atomic<std::int64_t> tolerance_;
-  std::atomic<double> rate_;
-  std::mutex change_mutex_;
+  // The whole state in one word, updated with compare-and-swap: the theoretical arrival time and,
+  // in its two low bits, which slot holds the parameters it was computed with. A change of rate or
+  // burst writes the next slot and then swaps in a word re-expressed in the new parameters, so a
+  // check always pairs a TAT with the parameters it belongs to.
+  std::atomic<std::int64_t> word_;
+  params_slot slots_[generation_mask + 1];
+  std::mutex change_mutex_;  // serialises changes
   sluice::clock* clock_;
 };
 

@@ -17,99 +17,118 @@ gcra_params make_gcra_params(rate r, std::int64_t burst) noexcept {
   return p;
 }
 
+namespace {
+
+void store(auto& slot, const gcra_params& p, rate r) noexcept {
+  slot.interval_ns.store(p.interval_ns, std::memory_order_relaxed);
+  slot.burst.store(p.burst, std::memory_order_relaxed);
+  slot.tolerance_ns.store(p.tolerance_ns, std::memory_order_relaxed);
+  slot.rate.store(r.per_second, std::memory_order_relaxed);
+}
+
+result<void> check_cost(const gcra_params& p, std::int64_t cost) noexcept {
+  return validate_cost(cost, p.interval_ns == 0 ? 0 : p.burst, "burst");
+}
+
+}  // namespace
+
 result<token_bucket> token_bucket::create(const options& o) {
   if (auto v = validate(token_bucket_policy(o.rate, o.burst)); !v) return v.error();
   if (o.clock == nullptr) return {errc::invalid_argument, "clock must not be null"};
   return token_bucket(o);
 }
 
-token_bucket::token_bucket(const options& o) : clock_(o.clock) {
-  gcra_params p = make_gcra_params(o.rate, o.burst);
-  interval_.store(p.interval_ns, std::memory_order_relaxed);
-  burst_.store(p.burst, std::memory_order_relaxed);
-  tolerance_.store(p.tolerance_ns, std::memory_order_relaxed);
-  rate_.store(o.rate.per_second, std::memory_order_relaxed);
+token_bucket::token_bucket(const options& o) : word_(pack(gcra_state::empty_tat, 0)), clock_(o.clock) {
+  store(slots_[0], make_gcra_params(o.rate, o.burst), o.rate);
 }
 
-token_bucket::token_bucket(token_bucket&& other) noexcept
-    : tat_(other.tat_.load()),
-      interval_(other.interval_.load()),
-      burst_(other.burst_.load()),
-      tolerance_(other.tolerance_.load()),
-      rate_(other.rate_.load()),
-      clock_(other.clock_) {}
-
-sluice::rate token_bucket::rate() const noexcept { return {rate_.load(std::memory_order_relaxed)}; }
-
-result<void> token_bucket::check_cost(const gcra_params& p, std::int64_t cost) const noexcept {
-  return validate_cost(cost, p.interval_ns == 0 ? 0 : p.burst, "burst");
+token_bucket::token_bucket(token_bucket&& other) noexcept : word_(other.word_.load()), clock_(other.clock_) {
+  for (std::size_t i = 0; i <= generation_mask; ++i) {
+    const params_slot& from = other.slots_[i];
+    store(slots_[i], {from.interval_ns.load(), from.burst.load(), from.tolerance_ns.load()}, {from.rate.load()});
+  }
 }
+
+gcra_params token_bucket::params_of(std::int64_t word) const noexcept {
+  const params_slot& s = slots_[generation_of(word)];
+  return {s.interval_ns.load(std::memory_order_relaxed), s.burst.load(std::memory_order_relaxed),
+          s.tolerance_ns.load(std::memory_order_relaxed)};
+}
+
+sluice::rate token_bucket::rate() const noexcept {
+  return {slots_[generation_of(word_.load(std::memory_order_acquire))].rate.load(std::memory_order_relaxed)};
+}
+
+std::int64_t token_bucket::burst() const noexcept { return params_of(word_.load(std::memory_order_acquire)).burst; }
+
+// Every update below is a compare-and-swap loop on word_: acquire on load so the parameter slot the
+// word names is visible, release on swap so a changed slot is published with the word.
 
 result<decision> token_bucket::try_acquire(time_point now, std::int64_t cost) noexcept {
-  const gcra_params p = params();
-  if (auto c = check_cost(p, cost); !c) return c.error();
   const std::int64_t now_ns = to_ns(now);
-  gcra_state s{tat_.load(std::memory_order_relaxed)};
+  std::int64_t word = word_.load(std::memory_order_acquire);
   for (;;) {
-    decision d = s.evaluate(p, now_ns, cost);
-    if (!d.allowed || p.interval_ns == 0) return d;
-    // Relaxed suffices: the word is the whole state and publishes nothing else.
-    if (tat_.compare_exchange_weak(s.tat, gcra_state::next_tat(s.tat, p, now_ns, cost), std::memory_order_relaxed)) {
-      return d;
+    const gcra_params p = params_of(word);
+    if (auto c = check_cost(p, cost); !c) return c.error();
+    const gcra_state s{tat_of(word)};
+    const decision d = s.evaluate(p, now_ns, cost);
+    if (!d.allowed || p.interval_ns == 0) {
+      // Nothing to write; the answer stands if the word (hence its parameters) did not move.
+      const std::int64_t again = word_.load(std::memory_order_acquire);
+      if (again == word) return d;
+      word = again;
+      continue;
     }
+    const std::int64_t next = pack(gcra_state::next_tat(s.tat, p, now_ns, cost), generation_of(word));
+    if (word_.compare_exchange_weak(word, next, std::memory_order_acq_rel, std::memory_order_acquire)) return d;
   }
 }
 
-namespace {
-
-// Reserves `cost` tokens unless they would only be available after `latest`.
-result<reservation> reserve_until(std::atomic<std::int64_t>& tat, const gcra_params& p, std::int64_t now,
-                                  std::int64_t cost, std::int64_t latest) noexcept {
-  std::int64_t cur = tat.load(std::memory_order_relaxed);
+result<reservation> token_bucket::reserve_until(time_point now, std::int64_t cost, time_point latest) noexcept {
+  const std::int64_t now_ns = to_ns(now);
+  std::int64_t word = word_.load(std::memory_order_acquire);
   for (;;) {
-    std::int64_t next = gcra_state::next_tat(cur, p, now, cost);
-    std::int64_t act = std::max(now, saturating::sub(next, p.tolerance_ns));
-    if (act > latest) {
-      return {errc::deadline_exceeded, "tokens would be available only " + std::to_string(act - now) +
-                                           " ns from now, after the deadline"};
+    const gcra_params p = params_of(word);
+    if (auto c = check_cost(p, cost); !c) return c.error();
+    if (p.interval_ns == 0) return reservation{.tokens = cost, .time_to_act = now, .tat_after = gcra_state::empty_tat};
+    if (p.burst == 0) return {errc::cost_exceeds_burst, "burst is 0: tokens can never be reserved"};
+    const std::int64_t tat_after = gcra_state::next_tat(tat_of(word), p, now_ns, cost);
+    const std::int64_t act = std::max(now_ns, saturating::sub(tat_after, p.tolerance_ns));
+    if (act > to_ns(latest)) {
+      return {errc::deadline_exceeded,
+              "tokens would be available only " + std::to_string(act - now_ns) + " ns from now, after the deadline"};
     }
-    if (tat.compare_exchange_weak(cur, next, std::memory_order_relaxed)) {
-      return reservation{.tokens = cost, .time_to_act = from_ns(act), .tat_after = next};
+    const std::int64_t next = pack(tat_after, generation_of(word));
+    if (word_.compare_exchange_weak(word, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+      return reservation{.tokens = cost, .time_to_act = from_ns(act), .tat_after = tat_of(next)};
     }
   }
 }
-
-}  // namespace
 
 result<reservation> token_bucket::reserve(time_point now, std::int64_t cost) noexcept {
-  const gcra_params p = params();
-  if (auto c = check_cost(p, cost); !c) return c.error();
-  if (p.interval_ns == 0) return reservation{.tokens = cost, .time_to_act = now, .tat_after = gcra_state::empty_tat};
-  if (p.burst == 0) return {errc::cost_exceeds_burst, "burst is 0: tokens can never be reserved"};
-  return reserve_until(tat_, p, to_ns(now), cost, saturating::max);
+  return reserve_until(now, cost, time_point::max());
 }
 
 void token_bucket::cancel(const reservation& r, time_point now) noexcept {
-  const gcra_params p = params();
-  if (r.tokens <= 0 || p.interval_ns == 0 || now >= r.time_to_act) return;
-  std::int64_t cur = tat_.load(std::memory_order_relaxed);
+  if (r.tokens <= 0 || now >= r.time_to_act) return;
+  std::int64_t word = word_.load(std::memory_order_acquire);
   for (;;) {
+    const gcra_params p = params_of(word);
+    if (p.interval_ns == 0) return;
     // Tokens reserved after this reservation keep their place: give back only the rest.
-    std::int64_t reserved_later = std::max<std::int64_t>(0, saturating::sub(cur, r.tat_after));
-    std::int64_t restore = saturating::sub(saturating::mul(r.tokens, p.interval_ns), reserved_later);
+    const std::int64_t cur = tat_of(word);
+    const std::int64_t reserved_later = std::max<std::int64_t>(0, saturating::sub(cur, r.tat_after));
+    const std::int64_t restore = saturating::sub(saturating::mul(r.tokens, p.interval_ns), reserved_later);
     if (restore <= 0) return;
-    if (tat_.compare_exchange_weak(cur, saturating::sub(cur, restore), std::memory_order_relaxed)) return;
+    const std::int64_t next = pack(saturating::sub(cur, restore), generation_of(word));
+    if (word_.compare_exchange_weak(word, next, std::memory_order_acq_rel, std::memory_order_acquire)) return;
   }
 }
 
 result<void> token_bucket::wait(std::int64_t cost, time_point deadline, std::stop_token stop) {
   if (stop.stop_requested()) return {errc::cancelled, "wait cancelled before it started"};
-  const gcra_params p = params();
-  if (auto c = check_cost(p, cost); !c) return c;
-  if (p.interval_ns == 0) return {};
-  if (p.burst == 0) return {errc::deadline_exceeded, "burst is 0: tokens never become available"};
   const time_point now = clock_->now();
-  auto r = reserve_until(tat_, p, to_ns(now), cost, to_ns(deadline));
+  auto r = reserve_until(now, cost, deadline);
   if (!r) return r.error();
   if (r->time_to_act <= now) return {};
   if (!clock_->sleep_until(r->time_to_act, std::move(stop))) {
@@ -120,9 +139,10 @@ result<void> token_bucket::wait(std::int64_t cost, time_point deadline, std::sto
 }
 
 std::int64_t token_bucket::tokens(time_point now) const noexcept {
-  const gcra_params p = params();
+  const std::int64_t word = word_.load(std::memory_order_acquire);
+  const gcra_params p = params_of(word);
   if (p.interval_ns == 0) return p.burst;
-  std::int64_t debt = std::max<std::int64_t>(0, saturating::sub(tat_.load(std::memory_order_relaxed), to_ns(now)));
+  const std::int64_t debt = std::max<std::int64_t>(0, saturating::sub(tat_of(word), to_ns(now)));
   return saturating::floor_div(saturating::sub(p.tolerance_ns, debt), p.interval_ns);
 }
 
@@ -132,28 +152,30 @@ result<void> token_bucket::change(std::optional<sluice::rate> new_rate, std::opt
   const sluice::rate r = new_rate.value_or(rate());
   const std::int64_t burst = new_burst.value_or(this->burst());
   if (auto v = validate(token_bucket_policy(r, burst)); !v) return v;
-  const gcra_params old_p = params();
   const gcra_params new_p = make_gcra_params(r, burst);
   const std::int64_t now_ns = to_ns(now);
-  interval_.store(new_p.interval_ns, std::memory_order_relaxed);
-  burst_.store(new_p.burst, std::memory_order_relaxed);
-  tolerance_.store(new_p.tolerance_ns, std::memory_order_relaxed);
-  rate_.store(r.per_second, std::memory_order_relaxed);
-  std::int64_t cur = tat_.load(std::memory_order_relaxed);
+  std::int64_t word = word_.load(std::memory_order_acquire);
+  // The next slot is not current, so no check reads it as current while it is written.
+  const std::size_t next_generation = (generation_of(word) + 1) & generation_mask;
+  store(slots_[next_generation], new_p, r);
   for (;;) {
     // Keep the (fractional) tokens held at `now`; a full or over-full bucket stays full.
+    const gcra_params old_p = params_of(word);
     double held = static_cast<double>(old_p.burst);
     if (old_p.interval_ns != 0) {
-      double debt = static_cast<double>(std::max<std::int64_t>(0, saturating::sub(cur, now_ns)));
+      const double debt = static_cast<double>(std::max<std::int64_t>(0, saturating::sub(tat_of(word), now_ns)));
       held = (static_cast<double>(old_p.tolerance_ns) - debt) / static_cast<double>(old_p.interval_ns);
     }
-    std::int64_t next = gcra_state::empty_tat;
-    double deficit = static_cast<double>(new_p.burst) - held;
+    std::int64_t tat = gcra_state::empty_tat;
+    const double deficit = static_cast<double>(new_p.burst) - held;
     if (new_p.interval_ns != 0 && deficit > 0) {
-      double debt_ns = std::min(deficit * static_cast<double>(new_p.interval_ns), 2.0 * gcra_max_tolerance_ns);
-      next = saturating::add(now_ns, std::llround(debt_ns));
+      const double debt_ns = std::min(deficit * static_cast<double>(new_p.interval_ns), 2.0 * gcra_max_tolerance_ns);
+      tat = saturating::add(now_ns, std::llround(debt_ns));
     }
-    if (tat_.compare_exchange_weak(cur, next, std::memory_order_relaxed)) return {};
+    if (word_.compare_exchange_weak(word, pack(tat, next_generation), std::memory_order_acq_rel,
+                                    std::memory_order_acquire)) {
+      return {};
+    }
   }
 }
 

@@ -48,15 +48,23 @@ TEST(Concurrency, TokenBucketAdmitsExactlyBurstAtFrozenTime) {
   EXPECT_EQ(hammer([&](int, int) { return b.try_acquire(t0).value().allowed; }), 1000);
 }
 
-TEST(Concurrency, TokenBucketReservationsAndCancelsBalance) {
+TEST(Concurrency, TokenBucketReservationsAreExact) {
   auto b = token_bucket::create({.rate = per_second(1), .burst = 100}).value();
-  // Every thread reserves and cancels: at the end the bucket is as full as it started.
+  hammer([&](int, int) { return b.reserve(t0, 1).ok(); });
+  EXPECT_EQ(b.tokens(t0), 100 - threads * attempts_per_thread);
+}
+
+TEST(Concurrency, TokenBucketCancelsNeverGiveBackMoreThanReserved) {
+  auto b = token_bucket::create({.rate = per_second(1), .burst = 100}).value();
   hammer([&](int, int) {
     auto r = b.reserve(t0, 1);
-    b.cancel(r.value(), t0 - 1s);
+    b.cancel(r.value(), t0);
     return true;
   });
-  EXPECT_EQ(b.tokens(t0), 100);
+  // As x/time/rate's CancelAt, a cancel gives back its tokens less those reserved after it, so
+  // interleaved reservations may lose tokens (until refilled), but never create any.
+  EXPECT_LE(b.tokens(t0), 100);
+  EXPECT_EQ(b.tokens(t0 + std::chrono::seconds(100 + threads * attempts_per_thread)), 100);
 }
 
 TEST(Concurrency, TokenBucketSetRateWhileChecking) {
