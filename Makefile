@@ -1,6 +1,9 @@
 # The commands a user runs. Each one installs what is missing (scripts/deps) and builds first.
 JOBS ?= $(shell nproc)
 BUILD := cmake --build
+# ccache hits across clones of the repository in other folders (CI builds a fresh clone).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 .PHONY: all deps build run test test-asan test-tsan test-release bench bench-peers package clean
 
