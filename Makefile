@@ -39,6 +39,10 @@ test-release: build
 bench: build
 	./build/bench/core_benchmark --benchmark_min_time=0.2
 
+# The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
+bench-peers: build
+	bench/peers/run.sh
+
 package: build
 	cd build && cpack -G DEB
 
