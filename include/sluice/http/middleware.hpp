@@ -1,0 +1,279 @@
+// sluice/http/middleware.hpp — rate-limiting middleware for HTTP services, independent of the HTTP
+// library.
+//
+// A `middleware` holds the route table (method + path pattern -> rule, plus exempt routes), derives
+// the key of each request (user, tenant + user, API key, tenant, client IP or one global key), asks
+// a `sluice::backend` and turns the decision into an `outcome`: go on with these header fields, or
+// answer 429 with this JSON body. The Beast (beast.hpp) and cpp-httplib (httplib.hpp) adapters are
+// thin layers over it; any other library can use it directly the same way.
+//
+//   auto mw = sluice::http::middleware::create({
+//       .backend = std::shared_ptr<sluice::backend>(sluice::make_memory_backend({})),
+//       .rules = {{.name = "notes", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)}},
+//       .routes = {{.path = "/notes/*", .rule = "notes", .key = sluice::http::key_by::user}},
+//       .exempt = {{.path = "/healthz"}},
+//   });
+//   const auto* route = (*mw)->find("GET", "/notes/42");
+//   auto pending = (*mw)->prepare(*route, {.peer = "10.0.0.7"}, &who);   // who: from your auth
+//   sluice::http::outcome o = (*mw)->check(pending);                        // or check_async
+//
+// Thread-safe: a middleware may serve any number of threads; counters are atomics.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/backend.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/error.hpp"
+#include "sluice/http/headers.hpp"
+#include "sluice/policy.hpp"
+
+namespace sluice::http {
+
+// --- client addresses ---------------------------------------------------------------------------
+
+/// An IPv4 or IPv6 address. IPv4 is held in its IPv4-mapped IPv6 form, so "192.0.2.1" and
+/// "::ffff:192.0.2.1" are the same address.
+struct ip_address {
+  std::array<std::uint8_t, 16> bytes{};
+
+  bool is_v4() const noexcept;
+  friend bool operator==(const ip_address&, const ip_address&) = default;
+};
+
+/// Parses a bare address ("192.0.2.1", "2001:db8::1"); anything else (ports, brackets, names,
+/// zone ids, surrounding spaces) gives nullopt.
+std::optional<ip_address> parse_ip(std::string_view text) noexcept;
+
+/// Canonical text: dotted quad for IPv4 (mapped or not), RFC 5952 form for IPv6.
+std::string to_string(const ip_address& a);
+
+/// An address block, "10.0.0.0/8", "2001:db8::/32"; a bare address is a /32 or /128.
+struct cidr {
+  ip_address base;    ///< Masked to `prefix` bits.
+  int prefix = 128;   ///< In IPv6 bits (an IPv4 /8 is held as /104).
+
+  bool contains(const ip_address& a) const noexcept;
+};
+
+/// Parses a CIDR block; the error names the input.
+result<cidr> parse_cidr(std::string_view text);
+
+/// Where the client address of a request comes from.
+struct address_sources {
+  std::string_view peer{};           ///< The TCP peer address, as text. Ignored when `peer_ip` is set.
+  std::optional<ip_address> peer_ip{};  ///< The TCP peer address, already parsed. Default: unset.
+  std::string_view forwarded{};      ///< All `Forwarded` field lines, joined by ", ". Default: empty.
+  std::string_view x_forwarded_for{};///< All `X-Forwarded-For` field lines, joined by ", ". Default: empty.
+};
+
+/// Which header the trusted proxies write. Only that one is read: a proxy passes other headers on
+/// untouched, so reading them would let the client choose its own address.
+enum class forwarding_header : std::uint8_t {
+  x_forwarded_for,  ///< X-Forwarded-For (nginx, HAProxy, most load balancers).
+  forwarded,        ///< RFC 7239 Forwarded, its `for=` parameters.
+};
+
+/// The client address of a request. `header` is read only when the peer is in `trusted`; it is
+/// walked right to left, skipping trusted proxies, and the first other hop is the client (all
+/// trusted: the leftmost). A header that is malformed, longer than 8 KiB, has more than 64 hops,
+/// or names a hop that is not an IP address ("unknown", obfuscated identifiers) gives the peer
+/// address. nullopt only when the peer itself is not an address (the caller then keys on the
+/// peer's text).
+std::optional<ip_address> client_address(const address_sources& sources, const std::vector<cidr>& trusted,
+                                         forwarding_header header = forwarding_header::x_forwarded_for);
+
+// --- routes and keys ----------------------------------------------------------------------------
+
+/// What a route's requests are keyed on.
+enum class key_by : std::uint8_t {
+  user,       ///< identity.user ("user:<id>"). For dual-layer rules: identity.tenant + identity.user.
+  tenant,     ///< identity.tenant ("tenant:<id>"): one budget per tenant.
+  api_key,    ///< identity.api_key ("key:<id>").
+  client_ip,  ///< The client address ("ip:<addr>"); IPv6 clients are grouped by `ipv6_prefix`.
+  global,     ///< One key for every request of the route ("global").
+};
+
+/// What key a route keyed on an identity uses for requests that carry none.
+enum class anonymous_key : std::uint8_t {
+  client_ip,  ///< Limit anonymous requests per client address.
+  global,     ///< All anonymous requests of the route share one key.
+};
+
+/// Enforce refusals, or only count them (shadow mode, for rolling out a new rule).
+enum class enforcement : std::uint8_t {
+  enforce,  ///< Refused requests are answered 429.
+  shadow,   ///< Every request goes on; refusals are only counted (`counters.refused`), no headers sent.
+};
+
+/// Who sent a request, as the service's own authentication says. Empty fields are unknown.
+struct identity {
+  std::string user{};     ///< User id. Default: empty.
+  std::string tenant{};   ///< Tenant id (dual-layer rules). Default: empty.
+  std::string api_key{};  ///< API key id (not the secret). Default: empty.
+};
+
+/// A method + path pattern. Path patterns: "/exact"; "/prefix/*" matches "/prefix", "/prefix/" and
+/// everything below; "/pre*" matches every path starting with "/pre"; "*" matches everything.
+/// The query string is ignored.
+struct route_pattern {
+  std::string method{};  ///< "GET", "POST", ... exact, case-sensitive; empty = any method. Default: empty.
+  std::string path{};    ///< The path pattern. Required.
+};
+
+/// One row of the route table.
+struct route_limit {
+  std::string method{};  ///< As route_pattern::method. Default: empty (any method).
+  std::string path{};    ///< As route_pattern::path. Required.
+  std::string rule{};    ///< Name of a rule in `middleware_options::rules`. Required.
+  key_by key = key_by::user;                          ///< Default: user.
+  anonymous_key anonymous = anonymous_key::client_ip;  ///< Default: client_ip.
+  std::int64_t cost = 1;                              ///< Units per request. Default: 1.
+};
+
+struct middleware_options {
+  /// Where limiter state lives (memory, Redis, ...). Required.
+  std::shared_ptr<sluice::backend> backend{};
+  /// The rules the routes name. Names must be unique. Default: none.
+  std::vector<sluice::rule> rules{};
+  /// The route table; the first matching row applies. Unmatched requests go on unlimited. Default: none.
+  std::vector<route_limit> routes{};
+  /// Routes never limited (health, metrics); checked before `routes`. Default: none.
+  std::vector<route_pattern> exempt{};
+  /// CIDR blocks of proxies whose forwarding header is believed. Default: none (the client address
+  /// is always the TCP peer).
+  std::vector<std::string> trusted_proxies{};
+  /// The header the trusted proxies write. Default: X-Forwarded-For.
+  forwarding_header client_ip_header = forwarding_header::x_forwarded_for;
+  /// IPv6 clients are keyed by this many leading bits (one /64 is usually one subscriber).
+  /// 1..128. Default: 64.
+  int ipv6_prefix = 64;
+  /// Default: enforce.
+  sluice::http::enforcement enforcement = enforcement::enforce;
+  /// What to do when the backend returns an error instead of a decision (a key that is too long,
+  /// a key cap reached, a remote backend without its own on_error fallback): allow = let the
+  /// request go on without headers; deny = answer 429. `local` is treated as allow. The middleware
+  /// never answers 500. Default: allow.
+  failure_policy on_error = failure_policy::allow;
+  /// Which header fields to send. Default: X-RateLimit-* only.
+  header_options headers{};
+};
+
+/// Per-rule counters, a snapshot.
+struct rule_counters {
+  std::string rule{};
+  std::uint64_t admitted = 0;        ///< Requests that went on (including fail-open and shadow-refused).
+  std::uint64_t refused = 0;         ///< Requests the limiter refused (in shadow mode: would have).
+  std::uint64_t backend_errors = 0;  ///< Checks that ended in an error, handled by `on_error`.
+};
+
+/// What the HTTP layer does with a request.
+struct outcome {
+  enum class action : std::uint8_t {
+    pass,    ///< Not limited (exempt, unmatched): go on, add nothing.
+    admit,   ///< Go on and add `headers` to the response.
+    refuse,  ///< Answer `status` with `headers` and `body` (JSON); do not run the handler.
+  };
+  outcome::action action = action::pass;
+  std::vector<header_field> headers{};
+  int status = 200;   ///< 429 when refused.
+  std::string body{};   ///< JSON when refused: {"code": ..., "message": ..., "retry_after": N}.
+};
+
+class middleware;
+
+/// One request's check, ready to go to the backend. Owns the key strings the request views, so
+/// for check_async() it must stay where it is (the middleware holds it in a shared_ptr).
+class pending_check {
+ public:
+  /// The backend request; its views point into this object.
+  check_request request() const noexcept {
+    return {.rule = rule_, .key = key_, .tenant = tenant_, .user = user_, .cost = cost_};
+  }
+  /// The rule checked.
+  const sluice::rule& rule() const noexcept { return *rule_; }
+
+ private:
+  friend class middleware;
+  pending_check() = default;
+
+  const sluice::rule* rule_ = nullptr;
+  std::size_t rule_index_ = 0;
+  std::int64_t cost_ = 1;
+  std::string key_;
+  std::string tenant_;
+  std::string user_;
+};
+
+class middleware {
+ public:
+  /// Validates the options (rules, unique names, routes naming known rules, CIDRs, ipv6_prefix).
+  static result<std::shared_ptr<middleware>> create(middleware_options options);
+
+  /// The route row for a request, or nullptr when the request is exempt or unmatched.
+  /// `target` may carry a query string.
+  const route_limit* find(std::string_view method, std::string_view target) const noexcept;
+
+  /// True when `route` keys on an identity, i.e. the service's identity callback is needed.
+  static bool needs_identity(const route_limit& route) noexcept;
+
+  /// Derives the key(s) of a request of `route`, a row find() returned. `who` may be null
+  /// (anonymous). Keys are "user:<id>", "tenant:<id>", "key:<id>", "ip:<address>", "global", or
+  /// "anonymous" (anonymous_key::global); over-long ids make the check fail with key_too_long,
+  /// which `on_error` handles.
+  pending_check prepare(const route_limit& route, const address_sources& from, const identity* who) const;
+
+  /// True when `peer` is in `trusted_proxies` (adapters read the forwarding header only then).
+  bool is_trusted_proxy(const ip_address& peer) const noexcept;
+
+  /// True when the backend answers in process (the memory backend): check() then never waits on
+  /// I/O, so asynchronous adapters call it directly instead of going through check_async().
+  bool completes_inline() const noexcept { return completes_inline_; }
+
+  /// Blocking check (for thread-per-request servers such as cpp-httplib).
+  outcome check(const pending_check& pending);
+
+  /// Asynchronous check: `done` runs once, inline or on the backend's thread. The middleware must
+  /// outlive the call.
+  void check_async(pending_check pending, std::function<void(outcome)> done);
+
+  /// Turns a backend answer into an outcome and counts it. check() and check_async() call it.
+  outcome complete(const pending_check& pending, const result<decision>& answer);
+
+  /// A snapshot of the per-rule counters, in rule order.
+  std::vector<rule_counters> counters() const;
+
+  /// The options in force (after validation).
+  const middleware_options& options() const noexcept { return options_; }
+
+  explicit middleware(middleware_options options, std::vector<cidr> trusted);  // use create()
+
+ private:
+  struct atomic_counters {
+    std::atomic<std::uint64_t> admitted{0};
+    std::atomic<std::uint64_t> refused{0};
+    std::atomic<std::uint64_t> backend_errors{0};
+  };
+
+  middleware_options options_;
+  std::vector<cidr> trusted_;
+  std::vector<std::size_t> route_rule_;  // routes_[i] -> index into options_.rules
+  std::unique_ptr<atomic_counters[]> counters_;
+  bool completes_inline_ = false;
+};
+
+/// The JSON body of a refusal: {"code": code, "message": message, "retry_after": seconds}.
+std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds);
+
+/// True when `path` (no query string) matches the pattern (see route_pattern).
+bool path_matches(std::string_view pattern, std::string_view path) noexcept;
+
+}  // namespace sluice::http

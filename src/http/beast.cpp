@@ -1,0 +1,195 @@
+// The Beast adapter. Every Asio/Beast template the middleware needs is instantiated here, once.
+#include "sluice/http/beast.hpp"
+
+#include <algorithm>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <mutex>
+#include <string>
+
+namespace sluice::http::beast {
+
+namespace asio = boost::asio;
+namespace bhttp = boost::beast::http;
+
+namespace {
+
+// All lines of a header field joined by ", " (a view when there is one line, the common case).
+std::string_view joined(const request& req, std::string_view name, std::string& storage) {
+  auto [first, last] = req.equal_range(boost::beast::string_view(name.data(), name.size()));
+  if (first == last) return {};
+  auto second = std::next(first);
+  if (second == last) return {first->value().data(), first->value().size()};
+  for (auto it = first; it != last; ++it) {
+    if (!storage.empty()) storage += ", ";
+    storage.append(it->value().data(), it->value().size());
+  }
+  return storage;
+}
+
+// Where a completion and the awaiting coroutine meet: whichever comes second hands over.
+struct rendezvous {
+  std::mutex m;
+  std::optional<outcome> result;
+  std::function<void(outcome)> resume;
+};
+
+}  // namespace
+
+namespace {
+
+boost::beast::string_view beast_view(std::string_view s) { return {s.data(), s.size()}; }
+
+// Adds the fields with their enum (Retry-After) or as unknown fields: this skips Beast's by-name
+// lookup and its erase of earlier values, a measurable share of a small response's cost.
+void insert_fields(response& res, const std::vector<header_field>& fields) {
+  for (const auto& h : fields) {
+    bhttp::field f = h.name == "Retry-After" ? bhttp::field::retry_after : bhttp::field::unknown;
+    res.insert(f, beast_view(h.name), h.value);
+  }
+}
+
+// The operation that waits for a rendezvous' outcome. A plain function on purpose: GCC 12
+// destroys a lambda written inside a co_await expression twice (its captured shared_ptr too).
+struct wait_initiation {
+  std::shared_ptr<rendezvous> meet;
+
+  template <class Handler>
+  void operator()(Handler handler) const {
+    auto executor = asio::get_associated_executor(handler);
+    auto h = std::make_shared<Handler>(std::move(handler));
+    auto resume = [h, executor](outcome r) {
+      asio::post(executor, [h, r = std::move(r)]() mutable { (*h)(std::move(r)); });
+    };
+    std::unique_lock lock(meet->m);
+    if (meet->result) {
+      outcome ready = std::move(*meet->result);
+      lock.unlock();
+      resume(std::move(ready));
+      return;
+    }
+    meet->resume = std::move(resume);
+  }
+};
+
+asio::awaitable<outcome> wait_for(std::shared_ptr<rendezvous> meet) {
+  return asio::async_initiate<const asio::use_awaitable_t<>&, void(outcome)>(wait_initiation{std::move(meet)},
+                                                                               asio::use_awaitable);
+}
+
+}  // namespace
+
+response verdict::refusal(const request& req) const {
+  response res{bhttp::status::too_many_requests, req.version()};
+  res.set(bhttp::field::content_type, "application/json");
+  insert_fields(res, outcome_.headers);
+  res.keep_alive(req.keep_alive());
+  res.body() = outcome_.body;
+  res.prepare_payload();
+  return res;
+}
+
+void verdict::apply(response& res) const {
+  if (outcome_.headers.empty()) return;
+  // Replace, not duplicate, fields the handler may have set itself (rare: test the first one).
+  if (res.find(beast_view(outcome_.headers.front().name)) != res.end()) {
+    for (const auto& h : outcome_.headers) res.erase(beast_view(h.name));
+  }
+  insert_fields(res, outcome_.headers);
+}
+
+limiter::limiter(std::shared_ptr<middleware> mw, identify_function identify)
+    : mw_(std::move(mw)), identify_(std::move(identify)) {}
+
+std::optional<pending_check> limiter::prepare(const request& req, const asio::ip::address& peer) const {
+  std::string_view method(req.method_string().data(), req.method_string().size());
+  std::string_view target(req.target().data(), req.target().size());
+  const route_limit* route = mw_->find(method, target);
+  if (!route) return std::nullopt;
+
+  std::optional<identity> who;
+  if (middleware::needs_identity(*route) && identify_) who = identify_(req);
+
+  // The peer as bytes: no text round trip on every request.
+  ip_address peer_ip;
+  if (peer.is_v4()) {
+    auto v4 = peer.to_v4().to_bytes();
+    peer_ip.bytes[10] = peer_ip.bytes[11] = 0xff;
+    std::copy(v4.begin(), v4.end(), peer_ip.bytes.begin() + 12);
+  } else {
+    auto v6 = peer.to_v6().to_bytes();
+    std::copy(v6.begin(), v6.end(), peer_ip.bytes.begin());
+  }
+  // Only the configured forwarding header is looked up (and only when the peer is a trusted proxy
+  // does the middleware read it).
+  std::string storage;
+  address_sources from{.peer_ip = peer_ip};
+  if (!mw_->is_trusted_proxy(peer_ip)) {
+    // Not from a trusted proxy: the headers would be ignored anyway.
+  } else if (mw_->options().client_ip_header == forwarding_header::forwarded) {
+    from.forwarded = joined(req, "Forwarded", storage);
+  } else {
+    from.x_forwarded_for = joined(req, "X-Forwarded-For", storage);
+  }
+  return mw_->prepare(*route, from, who ? &*who : nullptr);
+}
+
+asio::awaitable<verdict> limiter::check(const request& req, const asio::ip::address& peer) const {
+  std::optional<pending_check> pending = prepare(req, peer);
+  if (!pending) co_return verdict{};
+  if (mw_->completes_inline()) co_return verdict(mw_->check(*pending));  // nothing to wait for
+
+  auto meet = std::make_shared<rendezvous>();
+  mw_->check_async(std::move(*pending), [meet](outcome o) {
+    std::unique_lock lock(meet->m);
+    if (!meet->resume) {
+      meet->result = std::move(o);  // completed before the coroutine suspended (e.g. inline)
+      return;
+    }
+    auto resume = std::move(meet->resume);
+    lock.unlock();
+    resume(std::move(o));
+  });
+
+  {
+    std::lock_guard lock(meet->m);
+    if (meet->result) co_return verdict(std::move(*meet->result));  // the in-process backend's path
+  }
+
+  // Completes on another thread: suspend, and resume through the coroutine's own executor.
+  outcome o = co_await wait_for(meet);
+  co_return verdict(std::move(o));
+}
+
+asio::awaitable<response> limiter::serve(const request& req, const asio::ip::address& peer,
+                                         const handler_function& handler) const {
+  verdict v;
+  std::optional<pending_check> pending;
+  if (mw_->completes_inline()) {
+    // In-process backend: decide here, without a nested coroutine (a measurable share per request).
+    pending = prepare(req, peer);
+    if (pending) v = verdict(mw_->check(*pending));
+  } else {
+    v = co_await check(req, peer);
+  }
+  if (!v.admitted()) co_return v.refusal(req);
+  response res = handler(req);
+  v.apply(res);
+  co_return res;
+}
+
+void limiter::async_check(const request& req, const asio::ip::address& peer, asio::any_io_executor executor,
+                          std::function<void(verdict)> done) const {
+  std::optional<pending_check> pending = prepare(req, peer);
+  if (!pending) {
+    asio::post(executor, [done = std::move(done)]() { done(verdict{}); });
+    return;
+  }
+  mw_->check_async(std::move(*pending), [executor, done = std::move(done)](outcome o) {
+    asio::post(executor, [done, o = std::move(o)]() mutable { done(verdict(std::move(o))); });
+  });
+}
+
+}  // namespace sluice::http::beast

@@ -1,0 +1,537 @@
+#include "sluice/http/middleware.hpp"
+
+#include "sluice/memory_backend.hpp"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+namespace sluice::http {
+
+// --- addresses ----------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::array<std::uint8_t, 12> v4_mapped_prefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+constexpr std::size_t max_forwarding_header = 8 * 1024;
+constexpr int max_hops = 64;
+
+std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
+
+// One hop of X-Forwarded-For or a Forwarded `for=` value: "192.0.2.1", "192.0.2.1:8080",
+// "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:8080".
+std::optional<ip_address> parse_node(std::string_view s) noexcept {
+  s = trim(s);
+  if (s.empty()) return std::nullopt;
+  if (s.front() == '[') {
+    auto close = s.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    std::string_view rest = s.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':' || rest.size() < 2 || rest.size() > 6) return std::nullopt;
+      for (char c : rest.substr(1)) {
+        if (c < '0' || c > '9') return std::nullopt;
+      }
+    }
+    return parse_ip(s.substr(1, close - 1));
+  }
+  if (auto a = parse_ip(s)) return a;
+  // "a.b.c.d:port": exactly one colon, digits after it.
+  auto colon = s.find(':');
+  if (colon == std::string_view::npos || s.find(':', colon + 1) != std::string_view::npos) return std::nullopt;
+  std::string_view port = s.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return std::nullopt;
+  for (char c : port) {
+    if (c < '0' || c > '9') return std::nullopt;
+  }
+  auto a = parse_ip(s.substr(0, colon));
+  if (!a || !a->is_v4()) return std::nullopt;
+  return a;
+}
+
+// At most `max_hops` hops, on the stack: this runs on every request from a trusted proxy.
+struct hop_list {
+  std::array<std::string_view, max_hops> items;
+  std::size_t size = 0;
+};
+
+// Splits on commas outside quoted strings. Returns false on an unterminated quote or more than
+// `max_hops` elements.
+bool split_list(std::string_view s, hop_list& out) {
+  bool quoted = false;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (quoted) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        quoted = false;
+      }
+    } else if (c == '"') {
+      quoted = true;
+    } else if (c == ',') {
+      if (out.size == out.items.size()) return false;
+      out.items[out.size++] = s.substr(start, i - start);
+      start = i + 1;
+    }
+  }
+  if (quoted || out.size == out.items.size()) return false;
+  out.items[out.size++] = s.substr(start);
+  return true;
+}
+
+// The `for` value of one Forwarded element ("for=192.0.2.60;proto=http;by=203.0.113.43"), or
+// nullopt when the element is malformed, has no `for`, or it is not an IP address.
+std::optional<ip_address> forwarded_for(std::string_view element) {
+  std::optional<ip_address> found;
+  bool seen = false;
+  std::size_t pos = 0;
+  while (pos <= element.size()) {
+    // One pair, up to the next ';' outside quotes.
+    std::size_t end = pos;
+    bool quoted = false;
+    for (; end < element.size(); ++end) {
+      char c = element[end];
+      if (quoted) {
+        if (c == '\\') ++end;
+        else if (c == '"') quoted = false;
+      } else if (c == '"') {
+        quoted = true;
+      } else if (c == ';') {
+        break;
+      }
+    }
+    std::string_view pair = trim(element.substr(pos, std::min(end, element.size()) - pos));
+    pos = end + 1;
+    if (pair.empty()) continue;
+    auto eq = pair.find('=');
+    if (eq == std::string_view::npos) return std::nullopt;
+    std::string_view name = trim(pair.substr(0, eq));
+    std::string_view value = trim(pair.substr(eq + 1));
+    if (!iequals(name, "for")) continue;
+    if (seen) return std::nullopt;  // two `for` in one element: ambiguous
+    seen = true;
+    std::string unquoted;
+    if (!value.empty() && value.front() == '"') {
+      if (value.size() < 2 || value.back() != '"') return std::nullopt;
+      for (std::size_t i = 1; i + 1 < value.size(); ++i) {
+        if (value[i] == '\\' && i + 2 < value.size()) ++i;
+        unquoted += value[i];
+      }
+      value = unquoted;
+    }
+    found = parse_node(value);
+    if (!found) return std::nullopt;
+  }
+  return found;
+}
+
+// Right to left: the first hop not in `trusted` is the client; all trusted gives the leftmost.
+// nullopt when a hop before that is not an address.
+template <class HopParser>
+std::optional<ip_address> walk_hops(const hop_list& hops, const std::vector<cidr>& trusted, HopParser parse) {
+  std::optional<ip_address> last;
+  for (std::size_t i = hops.size; i-- > 0;) {
+    auto a = parse(hops.items[i]);
+    if (!a) return std::nullopt;
+    last = a;
+    bool is_trusted = std::any_of(trusted.begin(), trusted.end(), [&](const cidr& c) { return c.contains(*a); });
+    if (!is_trusted) return a;
+  }
+  return last;
+}
+
+std::optional<ip_address> peer_address(std::string_view peer) {
+  if (auto a = parse_ip(peer)) return a;
+  return parse_node(peer);  // some servers report "[::1]" or "1.2.3.4:5678"
+}
+
+}  // namespace
+
+bool ip_address::is_v4() const noexcept {
+  return std::equal(v4_mapped_prefix.begin(), v4_mapped_prefix.end(), bytes.begin());
+}
+
+std::optional<ip_address> parse_ip(std::string_view text) noexcept {
+  // inet_pton needs a terminated string; the longest textual IPv6 address is 45 characters.
+  char buf[64];
+  if (text.empty() || text.size() >= sizeof buf || text.find('\0') != std::string_view::npos) return std::nullopt;
+  std::memcpy(buf, text.data(), text.size());
+  buf[text.size()] = '\0';
+  ip_address a;
+  if (text.find(':') == std::string_view::npos) {
+    std::uint8_t v4[4];
+    if (inet_pton(AF_INET, buf, v4) != 1) return std::nullopt;
+    std::copy(v4_mapped_prefix.begin(), v4_mapped_prefix.end(), a.bytes.begin());
+    std::copy(v4, v4 + 4, a.bytes.begin() + 12);
+    return a;
+  }
+  if (inet_pton(AF_INET6, buf, a.bytes.data()) != 1) return std::nullopt;
+  return a;
+}
+
+std::string to_string(const ip_address& a) {
+  if (a.is_v4()) {  // on every request keyed by IP: cheaper than inet_ntop's printf
+    std::string out;
+    out.reserve(15);
+    for (int i = 12; i < 16; ++i) {
+      if (i > 12) out += '.';
+      unsigned v = a.bytes[static_cast<std::size_t>(i)];
+      if (v >= 100) out += static_cast<char>('0' + v / 100);
+      if (v >= 10) out += static_cast<char>('0' + v / 10 % 10);
+      out += static_cast<char>('0' + v % 10);
+    }
+    return out;
+  }
+  char buf[INET6_ADDRSTRLEN];
+  if (!inet_ntop(AF_INET6, a.bytes.data(), buf, sizeof buf)) return {};
+  return buf;
+}
+
+namespace {
+
+ip_address mask(ip_address a, int prefix) noexcept {
+  for (int i = 0; i < 16; ++i) {
+    int bits = std::clamp(prefix - i * 8, 0, 8);
+    a.bytes[i] &= static_cast<std::uint8_t>(0xff00u >> bits);
+  }
+  return a;
+}
+
+}  // namespace
+
+bool cidr::contains(const ip_address& a) const noexcept {
+  // Whole bytes first, then the bits of the last partial byte (`base` is already masked).
+  int whole = prefix / 8;
+  if (std::memcmp(a.bytes.data(), base.bytes.data(), static_cast<std::size_t>(whole)) != 0) return false;
+  int bits = prefix % 8;
+  if (bits == 0) return true;
+  auto m = static_cast<std::uint8_t>(0xff00u >> bits);
+  return (a.bytes[static_cast<std::size_t>(whole)] & m) == base.bytes[static_cast<std::size_t>(whole)];
+}
+
+result<cidr> parse_cidr(std::string_view text) {
+  std::string_view t = trim(text);
+  auto slash = t.find('/');
+  auto a = parse_ip(t.substr(0, slash));
+  if (!a) return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' is not an address or CIDR block");
+  int max = a->is_v4() ? 32 : 128;
+  int prefix = max;
+  if (slash != std::string_view::npos) {
+    std::string_view digits = t.substr(slash + 1);
+    if (digits.empty() || digits.size() > 3) {
+      return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' has a bad prefix length");
+    }
+    prefix = 0;
+    for (char c : digits) {
+      if (c < '0' || c > '9') {
+        return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' has a bad prefix length");
+      }
+      prefix = prefix * 10 + (c - '0');
+    }
+    if (prefix > max) {
+      return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' has a prefix longer than " +
+                                               std::to_string(max));
+    }
+  }
+  if (a->is_v4()) prefix += 96;
+  return cidr{.base = mask(*a, prefix), .prefix = prefix};
+}
+
+std::optional<ip_address> client_address(const address_sources& sources, const std::vector<cidr>& trusted,
+                                         forwarding_header which) {
+  auto peer = sources.peer_ip ? sources.peer_ip : peer_address(sources.peer);
+  if (!peer) return std::nullopt;
+  bool peer_trusted = std::any_of(trusted.begin(), trusted.end(), [&](const cidr& c) { return c.contains(*peer); });
+  if (!peer_trusted) return peer;
+
+  bool is_forwarded = which == forwarding_header::forwarded;
+  std::string_view header = trim(is_forwarded ? sources.forwarded : sources.x_forwarded_for);
+  if (header.empty()) return peer;
+  if (header.size() > max_forwarding_header) return peer;
+
+  hop_list hops;
+  if (!split_list(header, hops)) return peer;
+  std::optional<ip_address> client = is_forwarded ? walk_hops(hops, trusted, forwarded_for)
+                                                  : walk_hops(hops, trusted, parse_node);
+  return client ? client : peer;
+}
+
+// --- routes ---------------------------------------------------------------------------------------
+
+bool path_matches(std::string_view pattern, std::string_view path) noexcept {
+  if (pattern == "*") return true;
+  if (pattern.size() >= 2 && pattern.ends_with("/*")) {
+    std::string_view base = pattern.substr(0, pattern.size() - 2);  // "/notes"
+    if (!path.starts_with(base)) return false;
+    return path.size() == base.size() || path[base.size()] == '/';
+  }
+  if (!pattern.empty() && pattern.back() == '*') return path.starts_with(pattern.substr(0, pattern.size() - 1));
+  return pattern == path;
+}
+
+namespace {
+
+std::string_view path_of(std::string_view target) noexcept {
+  auto q = target.find_first_of("?#");
+  return q == std::string_view::npos ? target : target.substr(0, q);
+}
+
+bool method_matches(std::string_view pattern, std::string_view method) noexcept {
+  return pattern.empty() || pattern == method;
+}
+
+std::string json_escape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          static constexpr char hex[] = "0123456789abcdef";
+          out += "\\u00";
+          out += hex[(c >> 4) & 0xf];
+          out += hex[c & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds) {
+  return "{\"code\": \"" + json_escape(code) + "\", \"message\": \"" + json_escape(message) +
+         "\", \"retry_after\": " + std::to_string(retry_after_seconds) + "}";
+}
+
+// --- middleware -----------------------------------------------------------------------------------
+
+result<std::shared_ptr<middleware>> middleware::create(middleware_options options) {
+  if (!options.backend) return error(errc::invalid_argument, "middleware: backend must be set");
+  for (std::size_t i = 0; i < options.rules.size(); ++i) {
+    if (auto v = validate(options.rules[i]); !v) return v.error();
+    for (std::size_t j = 0; j < i; ++j) {
+      if (options.rules[j].name == options.rules[i].name) {
+        return error(errc::invalid_argument, "middleware: rule '" + options.rules[i].name + "' is defined twice");
+      }
+    }
+  }
+  for (const auto& r : options.routes) {
+    if (r.path.empty()) return error(errc::invalid_argument, "middleware: a route has an empty path");
+    bool known = std::any_of(options.rules.begin(), options.rules.end(), [&](const rule& x) { return x.name == r.rule; });
+    if (!known) return error(errc::unknown_rule, "middleware: route '" + r.path + "' names unknown rule '" + r.rule + "'");
+    if (r.cost <= 0) return error(errc::invalid_argument, "middleware: route '" + r.path + "' has cost <= 0");
+  }
+  for (const auto& e : options.exempt) {
+    if (e.path.empty()) return error(errc::invalid_argument, "middleware: an exempt route has an empty path");
+  }
+  if (options.ipv6_prefix < 1 || options.ipv6_prefix > 128) {
+    return error(errc::invalid_argument, "middleware: ipv6_prefix must be in 1..128, got " + std::to_string(options.ipv6_prefix));
+  }
+  std::vector<cidr> trusted;
+  for (const auto& t : options.trusted_proxies) {
+    auto c = parse_cidr(t);
+    if (!c) return c.error();
+    trusted.push_back(*c);
+  }
+  return std::make_shared<middleware>(std::move(options), std::move(trusted));
+}
+
+middleware::middleware(middleware_options options, std::vector<cidr> trusted)
+    : options_(std::move(options)),
+      trusted_(std::move(trusted)),
+      counters_(std::make_unique<atomic_counters[]>(options_.rules.size())),
+      completes_inline_(dynamic_cast<const memory_backend*>(options_.backend.get()) != nullptr) {
+  for (const auto& r : options_.routes) {
+    auto it = std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
+    route_rule_.push_back(static_cast<std::size_t>(it - options_.rules.begin()));
+  }
+}
+
+const route_limit* middleware::find(std::string_view method, std::string_view target) const noexcept {
+  std::string_view path = path_of(target);
+  for (const auto& e : options_.exempt) {
+    if (method_matches(e.method, method) && path_matches(e.path, path)) return nullptr;
+  }
+  for (const auto& r : options_.routes) {
+    if (method_matches(r.method, method) && path_matches(r.path, path)) return &r;
+  }
+  return nullptr;
+}
+
+bool middleware::is_trusted_proxy(const ip_address& peer) const noexcept {
+  return std::any_of(trusted_.begin(), trusted_.end(), [&](const cidr& c) { return c.contains(peer); });
+}
+
+bool middleware::needs_identity(const route_limit& route) noexcept {
+  return route.key == key_by::user || route.key == key_by::tenant || route.key == key_by::api_key;
+}
+
+pending_check middleware::prepare(const route_limit& route, const address_sources& from, const identity* who) const {
+  pending_check p;
+  auto index = static_cast<std::size_t>(&route - options_.routes.data());
+  p.rule_index_ = route_rule_.at(index);
+  const rule& r = options_.rules[p.rule_index_];
+  p.rule_ = &r;
+  p.cost_ = route.cost;
+
+  auto client_key = [&]() -> std::string {
+    auto a = client_address(from, trusted_, options_.client_ip_header);
+    if (!a) return "ip:" + std::string(from.peer.substr(0, 64));  // not an address: key on its text
+    if (!a->is_v4()) *a = mask(*a, options_.ipv6_prefix);
+    return "ip:" + to_string(*a);
+  };
+  auto anonymous = [&]() -> std::string {
+    return route.anonymous == anonymous_key::global ? std::string("anonymous") : client_key();
+  };
+
+  std::string key;
+  bool known = false;  // the identity supplied what the route keys on
+  switch (route.key) {
+    case key_by::user:
+      known = who && !who->user.empty() && (!r.is_dual_layer() || !who->tenant.empty());
+      if (known) key = "user:" + who->user;
+      break;
+    case key_by::tenant:
+      known = who && !who->tenant.empty();
+      if (known) key = "tenant:" + who->tenant;
+      break;
+    case key_by::api_key:
+      known = who && !who->api_key.empty();
+      if (known) key = "key:" + who->api_key;
+      break;
+    case key_by::client_ip:
+      key = client_key();
+      known = true;
+      break;
+    case key_by::global:
+      key = "global";
+      known = true;
+      break;
+  }
+  if (!known) key = anonymous();
+
+  if (r.is_dual_layer()) {
+    // Known users: their tenant and themselves. Anonymous requests form one pseudo-tenant of their
+    // own, so they cannot spend a real tenant's budget. Prefixes keep the two name spaces apart.
+    if (route.key == key_by::user && known) {
+      p.tenant_ = "tenant:" + who->tenant;
+      p.user_ = std::move(key);
+    } else {
+      p.tenant_ = known && route.key == key_by::tenant ? key : std::string("anonymous");
+      p.user_ = std::move(key);
+    }
+  } else {
+    p.key_ = std::move(key);
+  }
+  return p;
+}
+
+outcome middleware::check(const pending_check& pending) {
+  return complete(pending, options_.backend->check(pending.request()));
+}
+
+void middleware::check_async(pending_check pending, std::function<void(outcome)> done) {
+  // The backend's request views the key strings: keep them at one place until the callback.
+  auto held = std::make_shared<pending_check>(std::move(pending));
+  check_request req = held->request();
+  options_.backend->async_check(req, [this, held, done = std::move(done)](result<decision> d) {
+    done(complete(*held, d));
+  });
+}
+
+outcome middleware::complete(const pending_check& pending, const result<decision>& answer) {
+  atomic_counters& c = counters_[pending.rule_index_];
+  const rule& r = pending.rule();
+  bool shadow = options_.enforcement == enforcement::shadow;
+  outcome o;
+
+  if (!answer) {
+    c.backend_errors.fetch_add(1, std::memory_order_relaxed);
+    if (options_.on_error != failure_policy::deny || shadow) {
+      c.admitted.fetch_add(1, std::memory_order_relaxed);
+      o.action = outcome::action::pass;
+      return o;
+    }
+    c.refused.fetch_add(1, std::memory_order_relaxed);
+    o.action = outcome::action::refuse;
+    o.status = 429;
+    o.headers.push_back({"Retry-After", "1"});
+    o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", 1);
+    return o;
+  }
+
+  const decision& d = *answer;
+  if (d.allowed) {
+    c.admitted.fetch_add(1, std::memory_order_relaxed);
+    o.action = outcome::action::admit;
+    // A fail-open or disabled decision has no figures worth showing.
+    if (!shadow && d.source != decision_source::fail_open && d.source != decision_source::disabled) {
+      o.headers = rate_limit_headers(d, r, std::chrono::system_clock::now(), options_.headers);
+    }
+    return o;
+  }
+
+  c.refused.fetch_add(1, std::memory_order_relaxed);
+  if (shadow) {
+    c.admitted.fetch_add(1, std::memory_order_relaxed);
+    o.action = outcome::action::pass;
+    return o;
+  }
+  o.action = outcome::action::refuse;
+  o.status = 429;
+  o.headers = rate_limit_headers(d, r, std::chrono::system_clock::now(), options_.headers);
+  std::int64_t retry = retry_after_seconds(d);
+  bool by_tenant = d.dual_layer && d.rejected_by == layer::tenant && r.tenant;
+  const policy& binding = by_tenant ? *r.tenant : r.limit;
+  std::string scope = by_tenant ? "tenant " : "";
+  if (binding.algorithm == algorithm::fixed_window) {
+    o.body = refusal_body("quota_exceeded", scope + "quota exhausted; it renews in " + std::to_string(retry) + " s", retry);
+  } else if (d.source == decision_source::fail_closed) {
+    o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", retry);
+  } else {
+    o.body = refusal_body("too_many_requests", scope + "rate limit exceeded; retry in " + std::to_string(retry) + " s", retry);
+  }
+  return o;
+}
+
+std::vector<rule_counters> middleware::counters() const {
+  std::vector<rule_counters> out;
+  out.reserve(options_.rules.size());
+  for (std::size_t i = 0; i < options_.rules.size(); ++i) {
+    out.push_back({.rule = options_.rules[i].name,
+                   .admitted = counters_[i].admitted.load(std::memory_order_relaxed),
+                   .refused = counters_[i].refused.load(std::memory_order_relaxed),
+                   .backend_errors = counters_[i].backend_errors.load(std::memory_order_relaxed)});
+  }
+  return out;
+}
+
+}  // namespace sluice::http

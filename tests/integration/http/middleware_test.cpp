@@ -1,0 +1,354 @@
+// Unit tests of the library-neutral middleware: routes, keys, client addresses, outcomes.
+// No sockets; the backend is a scripted fake.
+#include "sluice/http/middleware.hpp"
+
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <random>
+#include <string>
+
+namespace {
+
+using namespace sluice;
+using namespace sluice::http;
+using namespace std::chrono_literals;
+
+// Answers each check with the next scripted result (default: admitted, limit 60, remaining 59) and
+// remembers what was asked.
+class fake_backend : public backend {
+ public:
+  result<decision> check(const check_request& req) override {
+    asked.push_back({std::string(req.key), std::string(req.tenant), std::string(req.user), req.rule->name, req.cost});
+    if (script.empty()) return decision{.allowed = true, .limit = 60, .remaining = 59, .reset_after = 200ms};
+    auto r = script.front();
+    script.pop_front();
+    return r;
+  }
+  void async_check(const check_request& req, check_handler handler) override { handler(check(req)); }
+  bool ready() override { return true; }
+
+  struct asked_check {
+    std::string key, tenant, user, rule;
+    std::int64_t cost;
+  };
+  std::vector<asked_check> asked;
+  std::deque<result<decision>> script;
+};
+
+struct middleware_test : ::testing::Test {
+  std::shared_ptr<fake_backend> fake = std::make_shared<fake_backend>();
+
+  middleware_options options() {
+    return {
+        .backend = fake,
+        .rules = {{.name = "notes", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt},
+                  {.name = "quota", .limit = fixed_window_policy(10, 24h), .tenant = std::nullopt},
+                  {.name = "dual", .limit = token_bucket_policy(per_second(5), 60), .tenant = token_bucket_policy(per_second(1), 100)},
+                  {.name = "ip", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt}},
+        .routes = {{.method = "GET", .path = "/notes/export", .rule = "quota"},
+                   {.path = "/notes/*", .rule = "notes", .cost = 2},
+                   {.path = "/tenant*", .rule = "dual"},
+                   {.method = "GET", .path = "/public", .rule = "ip", .key = key_by::client_ip},
+                   {.path = "/keys", .rule = "ip", .key = key_by::api_key, .anonymous = anonymous_key::global},
+                   {.path = "/all", .rule = "ip", .key = key_by::global}},
+        .exempt = {{.path = "/notes/health"}, {.method = "OPTIONS", .path = "*"}},
+        .trusted_proxies = {"10.0.0.0/8", "2001:db8:ffff::/48"},
+    };
+  }
+  std::shared_ptr<middleware> make(middleware_options o) {
+    auto m = middleware::create(std::move(o));
+    EXPECT_TRUE(m.ok()) << (m.ok() ? "" : m.error().message);
+    return m.ok() ? *m : nullptr;
+  }
+  // Runs one request through find/prepare/check.
+  outcome run(middleware& m, std::string_view method, std::string_view target, const identity* who,
+              address_sources from = {.peer = "192.0.2.1"}) {
+    const route_limit* r = m.find(method, target);
+    if (!r) return {};
+    return m.check(m.prepare(*r, from, who));
+  }
+};
+
+TEST(PathMatches, Patterns) {
+  EXPECT_TRUE(path_matches("/notes", "/notes"));
+  EXPECT_FALSE(path_matches("/notes", "/notes/1"));
+  EXPECT_FALSE(path_matches("/notes", "/note"));
+  EXPECT_TRUE(path_matches("/notes/*", "/notes"));
+  EXPECT_TRUE(path_matches("/notes/*", "/notes/"));
+  EXPECT_TRUE(path_matches("/notes/*", "/notes/1/2"));
+  EXPECT_FALSE(path_matches("/notes/*", "/notesx"));
+  EXPECT_FALSE(path_matches("/notes/*", "/note"));
+  EXPECT_TRUE(path_matches("/pre*", "/prefix"));
+  EXPECT_TRUE(path_matches("/pre*", "/pre"));
+  EXPECT_FALSE(path_matches("/pre*", "/pr"));
+  EXPECT_TRUE(path_matches("*", "/anything"));
+  EXPECT_TRUE(path_matches("*", ""));
+  EXPECT_FALSE(path_matches("", "/"));
+}
+
+TEST_F(middleware_test, FindHonoursOrderMethodExemptAndQuery) {
+  auto m = make(options());
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->find("GET", "/notes/export")->rule, "quota");
+  EXPECT_EQ(m->find("POST", "/notes/export")->rule, "notes");  // method mismatch: next row
+  EXPECT_EQ(m->find("GET", "/notes?x=1")->rule, "notes");
+  EXPECT_EQ(m->find("GET", "/public?a=/notes")->rule, "ip");
+  EXPECT_EQ(m->find("POST", "/public"), nullptr);
+  EXPECT_EQ(m->find("GET", "/notes/health"), nullptr);  // exempt wins over /notes/*
+  EXPECT_EQ(m->find("OPTIONS", "/notes/1"), nullptr);
+  EXPECT_EQ(m->find("GET", "/elsewhere"), nullptr);
+  EXPECT_EQ(m->find("GET", ""), nullptr);
+}
+
+TEST_F(middleware_test, CreateRejectsBadOptions) {
+  auto o = options();
+  o.routes.push_back({.path = "/x", .rule = "nope"});
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.trusted_proxies.push_back("10.0.0.0/33");
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.trusted_proxies.push_back("not-an-ip");
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.rules.push_back(o.rules.front());
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.backend = nullptr;
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.ipv6_prefix = 0;
+  EXPECT_FALSE(middleware::create(o).ok());
+  o = options();
+  o.routes[0].cost = 0;
+  EXPECT_FALSE(middleware::create(o).ok());
+}
+
+TEST_F(middleware_test, KeysByUserTenantApiKeyIpAndGlobal) {
+  auto m = make(options());
+  identity alice{.user = "alice", .tenant = "acme", .api_key = "k1"};
+  (void)run(*m, "GET", "/notes", &alice);
+  (void)run(*m, "GET", "/notes", nullptr);  // anonymous: per client IP
+  (void)run(*m, "GET", "/tenant/x", &alice);
+  (void)run(*m, "GET", "/tenant/x", nullptr);
+  (void)run(*m, "GET", "/keys", &alice);
+  (void)run(*m, "GET", "/keys", nullptr);  // anonymous_key::global
+  (void)run(*m, "GET", "/all", &alice);
+  (void)run(*m, "GET", "/public", &alice, {.peer = "2001:db8:1:2:3:4:5:6"});
+  identity no_tenant{.user = "bob"};
+  (void)run(*m, "GET", "/tenant/x", &no_tenant);  // dual layer needs both: anonymous
+
+  ASSERT_EQ(fake->asked.size(), 9u);
+  EXPECT_EQ(fake->asked[0].key, "user:alice");
+  EXPECT_EQ(fake->asked[0].cost, 2);
+  EXPECT_EQ(fake->asked[1].key, "ip:192.0.2.1");
+  EXPECT_EQ(fake->asked[2].tenant, "tenant:acme");
+  EXPECT_EQ(fake->asked[2].user, "user:alice");
+  EXPECT_EQ(fake->asked[2].key, "");
+  EXPECT_EQ(fake->asked[3].tenant, "anonymous");
+  EXPECT_EQ(fake->asked[3].user, "ip:192.0.2.1");
+  EXPECT_EQ(fake->asked[4].key, "key:k1");
+  EXPECT_EQ(fake->asked[5].key, "anonymous");
+  EXPECT_EQ(fake->asked[6].key, "global");
+  EXPECT_EQ(fake->asked[7].key, "ip:2001:db8:1:2::");  // grouped by /64
+  EXPECT_EQ(fake->asked[8].tenant, "anonymous");
+}
+
+TEST(ClientAddress, ParsesAndCanonicalises) {
+  EXPECT_EQ(to_string(*parse_ip("192.0.2.1")), "192.0.2.1");
+  EXPECT_EQ(to_string(*parse_ip("::ffff:192.0.2.1")), "192.0.2.1");
+  EXPECT_EQ(*parse_ip("::ffff:192.0.2.1"), *parse_ip("192.0.2.1"));
+  EXPECT_EQ(to_string(*parse_ip("2001:DB8:0:0:0:0:0:1")), "2001:db8::1");
+  for (const char* bad : {"", " 1.2.3.4", "1.2.3", "1.2.3.4.5", "256.1.1.1", "1.2.3.4:80", "[::1]", "::1%lo", "x", "::g"}) {
+    EXPECT_FALSE(parse_ip(bad)) << bad;
+  }
+  EXPECT_TRUE(parse_cidr("10.0.0.0/8")->contains(*parse_ip("10.255.1.2")));
+  EXPECT_FALSE(parse_cidr("10.0.0.0/8")->contains(*parse_ip("11.0.0.1")));
+  EXPECT_TRUE(parse_cidr("10.1.2.3/8")->contains(*parse_ip("10.9.9.9")));  // host bits masked
+  EXPECT_TRUE(parse_cidr("0.0.0.0/0")->contains(*parse_ip("8.8.8.8")));
+  EXPECT_FALSE(parse_cidr("0.0.0.0/0")->contains(*parse_ip("2001:db8::1")));
+  EXPECT_TRUE(parse_cidr("::/0")->contains(*parse_ip("8.8.8.8")));
+  EXPECT_TRUE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.1")));
+  EXPECT_FALSE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.2")));
+  for (const char* bad : {"", "/8", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "10.0.0.0/33", "::/129", "10.0.0.0/0008"}) {
+    EXPECT_FALSE(parse_cidr(bad).ok()) << bad;
+  }
+}
+
+struct client_address_test : ::testing::Test {
+  std::vector<cidr> trusted{*parse_cidr("10.0.0.0/8"), *parse_cidr("2001:db8:ffff::/48")};
+  // X-Forwarded-For mode (the default).
+  std::string of(std::string_view peer, std::string_view xff, std::string_view fwd = {}) {
+    auto a = client_address({.peer = peer, .forwarded = fwd, .x_forwarded_for = xff}, trusted);
+    return a ? to_string(*a) : "none";
+  }
+  // Forwarded mode.
+  std::string fwd(std::string_view peer, std::string_view forwarded, std::string_view xff = {}) {
+    auto a = client_address({.peer = peer, .forwarded = forwarded, .x_forwarded_for = xff}, trusted,
+                            forwarding_header::forwarded);
+    return a ? to_string(*a) : "none";
+  }
+};
+
+TEST_F(client_address_test, UntrustedPeerHeadersIgnored) {
+  EXPECT_EQ(of("192.0.2.1", "198.51.100.1"), "192.0.2.1");
+  EXPECT_EQ(of("192.0.2.1", "", "for=198.51.100.1"), "192.0.2.1");
+  EXPECT_EQ(of("::ffff:192.0.2.1", "198.51.100.1"), "192.0.2.1");
+}
+
+TEST_F(client_address_test, TrustedPeerXffWalkedRightToLeft) {
+  EXPECT_EQ(of("10.0.0.1", "198.51.100.1"), "198.51.100.1");
+  EXPECT_EQ(of("10.0.0.1", "203.0.113.9, 198.51.100.1"), "198.51.100.1");  // client-prepended value ignored
+  EXPECT_EQ(of("10.0.0.1", "198.51.100.1, 10.0.0.2, 10.0.0.3"), "198.51.100.1");
+  EXPECT_EQ(of("10.0.0.1", "10.0.0.9, 10.0.0.2"), "10.0.0.9");  // all trusted: leftmost
+  EXPECT_EQ(of("10.0.0.1", " 198.51.100.1:8080 "), "198.51.100.1");
+  EXPECT_EQ(of("10.0.0.1", "[2001:db8::7]:443"), "2001:db8::7");
+  EXPECT_EQ(of("10.0.0.1", "2001:db8::7"), "2001:db8::7");
+  EXPECT_EQ(of("2001:db8:ffff::1", "198.51.100.1"), "198.51.100.1");
+  EXPECT_EQ(of("10.0.0.1", ""), "10.0.0.1");
+  // Garbage to the left of the client is never reached.
+  EXPECT_EQ(of("10.0.0.1", "garbage, 198.51.100.1"), "198.51.100.1");
+}
+
+TEST_F(client_address_test, TrustedPeerForwarded) {
+  EXPECT_EQ(fwd("10.0.0.1", "for=198.51.100.1"), "198.51.100.1");
+  EXPECT_EQ(fwd("10.0.0.1", "for=198.51.100.1;proto=https;by=10.0.0.1"), "198.51.100.1");
+  EXPECT_EQ(fwd("10.0.0.1", "For=\"[2001:db8::1]:4711\""), "2001:db8::1");
+  EXPECT_EQ(fwd("10.0.0.1", "for=203.0.113.5, for=198.51.100.1, for=10.0.0.2"), "198.51.100.1");
+  EXPECT_EQ(fwd("10.0.0.1", "for=\"198.51.100.1;x\"; proto=http"), "10.0.0.1");  // not an address
+  EXPECT_EQ(fwd("10.0.0.1", "proto=http;by=\"a,b\", for=198.51.100.1"), "198.51.100.1");
+  EXPECT_EQ(fwd("192.0.2.1", "for=198.51.100.1"), "192.0.2.1");  // untrusted peer
+}
+
+TEST_F(client_address_test, OnlyTheConfiguredHeaderIsRead) {
+  // A proxy that writes X-Forwarded-For passes a client's own Forwarded header on untouched.
+  EXPECT_EQ(of("10.0.0.1", "", "for=198.51.100.1"), "10.0.0.1");
+  EXPECT_EQ(of("10.0.0.1", "203.0.113.1", "for=198.51.100.1"), "203.0.113.1");
+  EXPECT_EQ(fwd("10.0.0.1", "", "198.51.100.1"), "10.0.0.1");
+  EXPECT_EQ(fwd("10.0.0.1", "for=203.0.113.1", "198.51.100.1"), "203.0.113.1");
+}
+
+TEST_F(client_address_test, HostileHeadersFallBackToPeer) {
+  for (const std::string& h : std::vector<std::string>{"garbage", ",", ",,,", "[", "[::1", "[::1]x", "[::1]:", "[::1]:1234567", "1.2.3.4:", "1.2.3.4:x",
+                        "1.2.3.4:123456", "999.1.1.1", "unknown", "_hidden", "\"", "\"1.2.3.4\"", "1.2.3.4 5.6.7.8",
+                        "::1%eth0", std::string("1.2.3.4\0", 8), "\xff\xfe", "1.2.3.4, ", " , 1.2.3.4,"}) {
+    EXPECT_EQ(of("10.0.0.1", h), "10.0.0.1") << "xff '" << h << "'";
+  }
+  for (const std::string& h : std::vector<std::string>{"garbage", "1.2.3.4", "for", "for=", "for=unknown", "for=_hidden", "for=\"", "for=\"[::1\"", "for=1.2.3.4;for=5.6.7.8",
+                        "for=\"a\\\"", "=1.2.3.4", "for==1.2.3.4", "by=1.2.3.4", "for=1.2.3.4,", "\"for=1.2.3.4"}) {
+    EXPECT_EQ(fwd("10.0.0.1", h), "10.0.0.1") << "forwarded '" << h << "'";
+  }
+  EXPECT_EQ(of("10.0.0.1", std::string(9000, '1')), "10.0.0.1");
+  std::string many;
+  for (int i = 0; i < 100; ++i) many += "10.0.0." + std::to_string(i % 250) + ", ";
+  many += "198.51.100.1";
+  EXPECT_EQ(of("10.0.0.1", many), "10.0.0.1");  // more than 64 hops
+  EXPECT_EQ(of("not an address", "198.51.100.1"), "none");
+}
+
+TEST_F(client_address_test, RandomBytesNeverCrash) {
+  std::mt19937 rng(12345);
+  const std::string alphabet = "0123456789abcdef.:[]\",; =forFOR\\_-x\t\x01\xff";
+  for (int i = 0; i < 20000; ++i) {
+    std::string h(rng() % 80, ' ');
+    for (auto& c : h) c = alphabet[rng() % alphabet.size()];
+    auto a = client_address({.peer = "10.0.0.1", .forwarded = h, .x_forwarded_for = h}, trusted,
+                            (i % 2) ? forwarding_header::forwarded : forwarding_header::x_forwarded_for);
+    ASSERT_TRUE(a.has_value());
+  }
+}
+
+TEST_F(middleware_test, AdmittedOutcomeCarriesHeaders) {
+  auto m = make(options());
+  identity alice{.user = "alice"};
+  outcome o = run(*m, "GET", "/notes", &alice);
+  EXPECT_EQ(o.action, outcome::action::admit);
+  ASSERT_EQ(o.headers.size(), 3u);
+  EXPECT_EQ(o.headers[0].name, "X-RateLimit-Limit");
+  EXPECT_EQ(o.headers[0].value, "60");
+  EXPECT_EQ(o.headers[1].value, "59");
+}
+
+TEST_F(middleware_test, RefusalBodiesAndCodes) {
+  auto m = make(options());
+  identity alice{.user = "alice", .tenant = "acme"};
+  decision refused{.allowed = false, .limit = 60, .remaining = 0, .retry_after = 1500ms, .reset_after = 12s};
+  fake->script.push_back(refused);
+  outcome o = run(*m, "GET", "/notes", &alice);
+  EXPECT_EQ(o.action, outcome::action::refuse);
+  EXPECT_EQ(o.status, 429);
+  EXPECT_EQ(o.body, "{\"code\": \"too_many_requests\", \"message\": \"rate limit exceeded; retry in 2 s\", \"retry_after\": 2}");
+  bool retry_after = false;
+  for (const auto& h : o.headers) retry_after |= h.name == "Retry-After" && h.value == "2";
+  EXPECT_TRUE(retry_after);
+
+  fake->script.push_back(decision{.allowed = false, .limit = 10, .retry_after = 3600s, .reset_after = 3600s});
+  o = run(*m, "GET", "/notes/export", &alice);
+  EXPECT_NE(o.body.find("\"code\": \"quota_exceeded\""), std::string::npos) << o.body;
+  EXPECT_NE(o.body.find("\"retry_after\": 3600"), std::string::npos) << o.body;
+
+  fake->script.push_back(decision{.allowed = false, .limit = 100, .retry_after = 1s, .dual_layer = true,
+                                  .rejected_by = layer::tenant});
+  o = run(*m, "GET", "/tenant", &alice);
+  EXPECT_NE(o.body.find("tenant rate limit exceeded"), std::string::npos) << o.body;
+
+  auto c = m->counters();
+  ASSERT_EQ(c.size(), 4u);
+  EXPECT_EQ(c[0].rule, "notes");
+  EXPECT_EQ(c[0].refused, 1u);
+  EXPECT_EQ(c[1].refused, 1u);
+  EXPECT_EQ(c[2].refused, 1u);
+  EXPECT_EQ(c[0].admitted, 0u);
+}
+
+TEST_F(middleware_test, BackendErrorsFollowOnError) {
+  auto m = make(options());
+  fake->script.push_back(error(errc::backend_unavailable, "down"));
+  outcome o = run(*m, "GET", "/public", nullptr);
+  EXPECT_EQ(o.action, outcome::action::pass);
+  EXPECT_TRUE(o.headers.empty());
+  EXPECT_EQ(m->counters()[3].backend_errors, 1u);
+  EXPECT_EQ(m->counters()[3].admitted, 1u);
+
+  auto opts = options();
+  opts.on_error = failure_policy::deny;
+  auto d = make(opts);
+  fake->script.push_back(error(errc::key_too_long, "long"));
+  o = run(*d, "GET", "/public", nullptr);
+  EXPECT_EQ(o.action, outcome::action::refuse);
+  EXPECT_EQ(o.status, 429);  // never a 500
+
+  // A fail-open decision from a remote backend: admitted, no made-up figures.
+  fake->script.push_back(decision{.allowed = true, .source = decision_source::fail_open});
+  o = run(*m, "GET", "/public", nullptr);
+  EXPECT_EQ(o.action, outcome::action::admit);
+  EXPECT_TRUE(o.headers.empty());
+}
+
+TEST_F(middleware_test, ShadowModeNeverRefuses) {
+  auto opts = options();
+  opts.enforcement = enforcement::shadow;
+  auto m = make(opts);
+  fake->script.push_back(decision{.allowed = false, .limit = 60, .retry_after = 1s});
+  outcome o = run(*m, "GET", "/public", nullptr);
+  EXPECT_NE(o.action, outcome::action::refuse);
+  EXPECT_TRUE(o.headers.empty());
+  EXPECT_EQ(m->counters()[3].refused, 1u);
+}
+
+TEST_F(middleware_test, AsyncCheckCompletes) {
+  auto m = make(options());
+  const route_limit* r = m->find("GET", "/public");
+  std::optional<outcome> got;
+  m->check_async(m->prepare(*r, {.peer = "192.0.2.1"}, nullptr), [&](outcome o) { got = std::move(o); });
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->action, outcome::action::admit);
+}
+
+TEST(RefusalBody, EscapesJson) {
+  EXPECT_EQ(refusal_body("c", "a\"b\\c\n\x01", 1),
+            "{\"code\": \"c\", \"message\": \"a\\\"b\\\\c\\n\\u0001\", \"retry_after\": 1}");
+}
+
+}  // namespace

@@ -1,0 +1,89 @@
+// The cpp-httplib middleware, tested against the real notes_httplib example over real HTTP.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "http_fixture.hpp"
+
+namespace {
+
+using namespace sluice::testing;
+using json = nlohmann::json;
+
+struct httplib_server {
+  explicit httplib_server(std::vector<std::string> extra = {}) : proc(args(std::move(extra))), port(proc.port()) {}
+  static std::vector<std::string> args(std::vector<std::string> extra) {
+    std::vector<std::string> a{NOTES_HTTPLIB, "--listen", "127.0.0.1:0"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  child proc;
+  int port;
+};
+
+http_request as_user(const std::string& user, const std::string& target) {
+  return {.target = target, .headers = {{"X-User", user}}};
+}
+
+std::string code_of(const http_response& r) {
+  json j = json::parse(r.body, nullptr, false);
+  return j.is_object() ? j.value("code", "") : "";
+}
+
+TEST(NotesHttplib, PerUserIsolationAndRefusal) {
+  httplib_server s;
+  auto a = exhaust(s.port, [](int) { return as_user("alice", "/notes"); });
+  EXPECT_GE(a.admitted, 60);
+  ASSERT_EQ(a.refusal.status, 429);
+  EXPECT_EQ(code_of(a.refusal), "too_many_requests");
+  EXPECT_EQ(a.refusal.header("x-ratelimit-limit"), "60");
+  EXPECT_EQ(a.refusal.header("x-ratelimit-remaining"), "0");
+  EXPECT_GE(std::stoi(a.refusal.header("retry-after")), 1);
+  EXPECT_EQ(json::parse(a.refusal.body)["retry_after"].get<int>(), std::stoi(a.refusal.header("retry-after")));
+
+  auto b = http(s.port, as_user("bob", "/notes"));
+  EXPECT_EQ(b.status, 200);
+  EXPECT_EQ(b.header("x-ratelimit-remaining"), "59");
+}
+
+TEST(NotesHttplib, QuotaCode) {
+  httplib_server s;
+  auto q = exhaust(s.port, [](int) { return as_user("alice", "/export"); }, 30);
+  EXPECT_EQ(q.admitted, 10);
+  ASSERT_EQ(q.refusal.status, 429);
+  EXPECT_EQ(code_of(q.refusal), "quota_exceeded");
+}
+
+TEST(NotesHttplib, PerIpAndSpoofedForwardedForIgnored) {
+  httplib_server s;
+  auto r = exhaust(s.port, [](int i) {
+    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100." + std::to_string(i % 250 + 1)}}};
+  });
+  EXPECT_GE(r.admitted, 60);
+  EXPECT_LT(r.admitted, 120);
+  ASSERT_EQ(r.refusal.status, 429);
+  EXPECT_EQ(http_get(s.port, "/public", {}, "127.0.0.2").status, 200);
+}
+
+TEST(NotesHttplib, TrustedProxyHonoured) {
+  httplib_server s({"--trusted-proxy", "127.0.0.1"});
+  auto r = exhaust(s.port, [](int) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}}; });
+  ASSERT_EQ(r.refusal.status, 429);
+  EXPECT_EQ(http_get(s.port, "/public", {{"X-Forwarded-For", "198.51.100.8"}}).status, 200);
+}
+
+TEST(NotesHttplib, ExemptAndAdmittedHeaders) {
+  httplib_server s;
+  for (int i = 0; i < 80; ++i) {
+    auto h = http_get(s.port, "/healthz");
+    ASSERT_EQ(h.status, 200);
+    EXPECT_FALSE(h.has("x-ratelimit-limit"));
+  }
+  auto p = http_get(s.port, "/public");
+  EXPECT_EQ(p.status, 200);
+  EXPECT_EQ(p.header("x-ratelimit-limit"), "60");
+  EXPECT_EQ(p.header("x-ratelimit-remaining"), "59");
+}
+
+}  // namespace
