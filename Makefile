@@ -38,6 +38,7 @@ test-release: build
 
 bench: build
 	./build/bench/core_benchmark --benchmark_min_time=0.2
+	bench/redis/run.sh build/bench/redis_benchmark
 
 # The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
 bench-peers: build

@@ -1,0 +1,209 @@
+// Throughput, latency and Redis cost of each Redis-backend script.
+//
+//   redis_benchmark --address 127.0.0.1:6379 [--inflight 64] [--keys 100000] [--checks 300000]
+//   redis_benchmark --script-body sliding_window_log     (prints that script, for redis-benchmark)
+//
+// For each algorithm (token bucket, sliding window log, sliding window counter, fixed window, dual
+// layer): FLUSHALL; one check for each of `keys` keys, measuring Redis memory per key (INFO memory);
+// CONFIG RESETSTAT; then `checks` checks over the same keys with `inflight` checks in flight on the
+// one connection, measuring throughput, p50/p99 latency (client side, from async_check to its
+// handler) and the server time per call (INFO commandstats, usec_per_call of evalsha).
+// Talks to the given Redis only; every loop is bounded by --checks.
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "redis/scripts.hpp"
+#include "sluice/redis_backend.hpp"
+
+namespace {
+
+using steady = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+struct options {
+  std::string address = "127.0.0.1:6379";
+  int inflight = 64;
+  int keys = 100'000;
+  long checks = 300'000;
+};
+
+std::string info_field(redisContext* c, const char* section, std::string_view field) {
+  auto* r = static_cast<redisReply*>(redisCommand(c, "INFO %s", section));
+  if (r == nullptr || r->type != REDIS_REPLY_STRING) {
+    if (r) freeReplyObject(r);
+    return {};
+  }
+  std::string text(r->str, r->len);
+  freeReplyObject(r);
+  auto pos = text.find(std::string(field) + ":");
+  if (pos == std::string::npos) return {};
+  pos += field.size() + 1;
+  return text.substr(pos, text.find("\r\n", pos) - pos);
+}
+
+long long used_memory(redisContext* c) { return std::atoll(info_field(c, "memory", "used_memory").c_str()); }
+
+// "calls=123,usec=456,usec_per_call=3.71,..." -> 3.71
+double evalsha_usec_per_call(redisContext* c) {
+  std::string s = info_field(c, "commandstats", "cmdstat_evalsha");
+  auto pos = s.find("usec_per_call=");
+  return pos == std::string::npos ? 0.0 : std::atof(s.c_str() + pos + 14);
+}
+
+void simple(redisContext* c, const char* cmd) {
+  auto* r = static_cast<redisReply*>(redisCommand(c, cmd));
+  if (r) freeReplyObject(r);
+}
+
+struct run_result {
+  double per_second = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+  long failed = 0;
+  long admitted = 0;
+};
+
+// `total` checks, `inflight` at a time, each handler starting the next one.
+run_result drive(sluice::backend& b, const sluice::rule& r, const std::vector<std::string>& keys,
+                 const std::vector<std::string>& tenants, long total, int inflight) {
+  struct state {
+    sluice::backend* b;
+    const sluice::rule* r;
+    const std::vector<std::string>* keys;
+    const std::vector<std::string>* tenants;
+    long total;
+    std::atomic<long> started{0};
+    std::atomic<long> finished{0};
+    std::atomic<long> failed{0};
+    std::atomic<long> admitted{0};
+    std::vector<std::int64_t> latency_ns;
+    std::promise<void> done;
+  } st{&b, &r, &keys, &tenants, total};
+  st.latency_ns.assign(static_cast<std::size_t>(total), 0);
+
+  struct starter {
+    static void next(state* s) {
+      const long i = s->started.fetch_add(1);
+      if (i >= s->total) return;
+      const std::size_t k = static_cast<std::size_t>(i) % s->keys->size();
+      const std::string& key = (*s->keys)[k];
+      const auto t0 = steady::now();
+      // Dual layer: about 1,000 tenants ("user:10000" ... "user:10999") of 100 users each.
+      s->b->async_check({.rule = s->r, .key = key, .tenant = (*s->tenants)[k], .user = key},
+                        [s, i, t0](sluice::result<sluice::decision> d) {
+                          s->latency_ns[static_cast<std::size_t>(i)] = (steady::now() - t0).count();
+                          if (!d || d->source != sluice::decision_source::limiter) {
+                            s->failed.fetch_add(1, std::memory_order_relaxed);
+                          } else if (d->allowed) {
+                            s->admitted.fetch_add(1, std::memory_order_relaxed);
+                          }
+                          if (s->finished.fetch_add(1) + 1 == s->total) {
+                            s->done.set_value();
+                            return;
+                          }
+                          next(s);
+                        });
+    }
+  };
+  const auto start = steady::now();
+  for (int i = 0; i < inflight; ++i) starter::next(&st);
+  st.done.get_future().wait();
+  const double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  std::sort(st.latency_ns.begin(), st.latency_ns.end());
+  run_result out;
+  out.per_second = static_cast<double>(total) / seconds;
+  out.p50_us = static_cast<double>(st.latency_ns[st.latency_ns.size() / 2]) / 1000.0;
+  out.p99_us = static_cast<double>(st.latency_ns[st.latency_ns.size() * 99 / 100]) / 1000.0;
+  out.failed = st.failed.load();
+  out.admitted = st.admitted.load();
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  options o;
+  if (argc == 3 && std::string_view(argv[1]) == "--script-body") {
+    for (const auto& s : sluice::redis_detail::scripts()) {
+      if (s.name == argv[2]) {
+        std::fputs(s.body.c_str(), stdout);
+        return 0;
+      }
+    }
+    std::fprintf(stderr, "no script named %s\n", argv[2]);
+    return 2;
+  }
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string_view a = argv[i];
+    if (a == "--address") o.address = argv[i + 1];
+    else if (a == "--inflight") o.inflight = std::atoi(argv[i + 1]);
+    else if (a == "--keys") o.keys = std::atoi(argv[i + 1]);
+    else if (a == "--checks") o.checks = std::atol(argv[i + 1]);
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (o.inflight < 1 || o.keys < 1 || o.checks < o.keys) {
+    std::fprintf(stderr, "need inflight >= 1, keys >= 1, checks >= keys\n");
+    return 2;
+  }
+  const auto colon = o.address.rfind(':');
+  redisContext* admin = redisConnect(o.address.substr(0, colon).c_str(), std::atoi(o.address.c_str() + colon + 1));
+  if (admin == nullptr || admin->err) {
+    std::fprintf(stderr, "cannot connect to %s\n", o.address.c_str());
+    return 1;
+  }
+  auto backend = sluice::make_redis_backend({.addresses = {o.address}, .command_timeout = 1s});
+  if (!backend) {
+    std::fprintf(stderr, "%s\n", backend.error().message.c_str());
+    return 1;
+  }
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<std::size_t>(o.keys));
+  std::vector<std::string> tenants;
+  for (int i = 0; i < o.keys; ++i) {
+    keys.push_back("user:" + std::to_string(1'000'000 + i));
+    tenants.push_back(keys.back().substr(0, 10));
+  }
+
+  // Limits high enough that most checks are admitted (admission is the costlier path: it writes).
+  // Limits high enough that most checks are admitted (admission is the costlier path: it writes);
+  // the bucket refills slowly so that its keys, like the windows', outlive the run.
+  const sluice::rule rules[] = {
+      {.name = "tb", .limit = sluice::token_bucket_policy(sluice::per_second(100.0 / 3600), 100)},
+      {.name = "swl", .limit = sluice::sliding_window_policy(100, 60s)},
+      {.name = "swc", .limit = sluice::sliding_window_counter_policy(100, 60s)},
+      {.name = "fw", .limit = sluice::fixed_window_policy(100, 60s)},
+      {.name = "dual", .limit = sluice::sliding_window_policy(100, 60s),
+       .tenant = sluice::sliding_window_policy(1'000'000, 60s)},
+  };
+  const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
+                          "dual_layer (2 logs)"};
+  std::printf("%-24s %12s %10s %10s %14s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us", "usec_per_call",
+              "bytes/key", "failed");
+  for (std::size_t n = 0; n < std::size(rules); ++n) {
+    const sluice::rule& r = rules[n];
+    simple(admin, "FLUSHALL");
+    const long long before = used_memory(admin);
+    drive(**backend, r, keys, tenants, static_cast<long>(keys.size()), o.inflight);  // one check per key
+    const long long after = used_memory(admin);
+    simple(admin, "CONFIG RESETSTAT");
+    run_result res = drive(**backend, r, keys, tenants, o.checks, o.inflight);
+    const double usec = evalsha_usec_per_call(admin);
+    std::printf("%-24s %12.0f %10.0f %10.0f %14.2f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
+                res.p99_us, usec, static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
+    std::fflush(stdout);
+  }
+  redisFree(admin);
+  return 0;
+}

@@ -1,0 +1,117 @@
+// sluice/redis_backend.hpp — limits shared by every instance through one Redis server.
+//
+// Each algorithm is one Lua script run atomically by Redis (EVALSHA, reloaded transparently after
+// SCRIPT FLUSH or a restart); time comes from the Redis server's TIME, so instances whose clocks
+// disagree still share one window. The client is hiredis driven by Boost.Asio: one connection,
+// concurrent checks pipelined on it, no thread blocked per check. When Redis cannot answer within
+// `command_timeout`, the decision follows `on_error`; a circuit breaker then stops paying the timeout
+// and reconnects in the background.
+//
+//   auto b = sluice::make_redis_backend({.addresses = {"10.0.0.5:6379"}, .password = secret});
+//   if (!b) return fail(b.error().message);
+//   sluice::rule api{.name = "api", .limit = sluice::sliding_window_policy(100, std::chrono::minutes(1))};
+//   sluice::result<sluice::decision> d = (*b)->check({.rule = &api, .key = "user:42"});
+//   (*b)->async_check({.rule = &api, .key = "user:42"}, [](sluice::result<sluice::decision> d) { ... });
+//
+// Redis keys (ids percent-encoded, so `{`, `}`, `:`, `%`, spaces and binary bytes never reach a key
+// raw, and no two distinct ids share a key):
+//   single-layer rule:  PREFIX{RULE:KEY}:ALG
+//   dual-layer rule:    PREFIX{TENANT}:RULE:ALG  and  PREFIX{TENANT}:RULE:user:USER:ALG
+// where ALG is tb, swl, swc or fw. The `{...}` hash tag keeps a dual-layer rule's two keys in one
+// Redis Cluster slot. Every key carries a TTL: idle state disappears by itself.
+//
+// Thread-safe. `check()` blocks; never call it on the backend's own io thread (it returns
+// errc::invalid_argument there) — use async_check (or sluice/asio.hpp) on that thread. Handlers of
+// async_check run on the io thread (or inline, for invalid requests and overload). Destroying the
+// backend completes every waiting check first (as failures, decided by on_error); never destroy it
+// from inside one of its own handlers.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sluice/backend.hpp"
+#include "sluice/clock.hpp"
+#include "sluice/error.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace sluice {
+
+struct redis_options {
+  /// Servers as "host:port", "[v6addr]:port" or "unix:/path/to.sock". A single Redis uses the first.
+  /// Default: {"127.0.0.1:6379"}.
+  std::vector<std::string> addresses{"127.0.0.1:6379"};
+  /// ACL user name for AUTH; empty means the default user. Default: "".
+  std::string username;
+  /// Password for AUTH; empty means no AUTH. Default: "".
+  std::string password;
+  /// Database selected after connecting. Default: 0.
+  int database = 0;
+  /// Longest a connection attempt may take. Default: 1000 ms.
+  std::chrono::milliseconds connect_timeout{1000};
+  /// Longest a check waits for Redis; then its decision follows `on_error`. Default: 50 ms.
+  std::chrono::milliseconds command_timeout{50};
+  /// Prepended to every key; must not contain `{` or `}`. Default: "sluice:".
+  std::string key_prefix = "sluice:";
+  /// What a check decides when Redis cannot answer (timeout, connection down, circuit open, error
+  /// reply, too many pending): allow (admitted, source fail_open), deny (refused with retry_after
+  /// 1 s, source fail_closed) or local (the same rule in an in-process memory backend of this
+  /// instance, source local_fallback). Default: failure_policy::allow (fail open).
+  failure_policy on_error = failure_policy::allow;
+  /// Most checks waiting on Redis at once; beyond it a check fails at once (errc::backend_overloaded)
+  /// and follows `on_error`. Default: 10,000.
+  std::size_t max_pending = 10'000;
+  /// Consecutive failures (timeouts, lost connection) that open the circuit: checks then follow
+  /// `on_error` at once instead of waiting for the timeout. Default: 5.
+  int breaker_failure_threshold = 5;
+  /// While the circuit is open, how often the backend tries to reconnect and PINGs Redis; the first
+  /// answer closes the circuit. Default: 200 ms.
+  std::chrono::milliseconds breaker_probe_interval{200};
+  /// Errors are logged (spdlog, warn) at most once per interval, with their count. Default: 10 s.
+  std::chrono::milliseconds error_log_interval{10'000};
+  /// Tests only: when set, the scripts take `now` from this clock instead of the Redis server's TIME
+  /// (sent as an extra argument), so tests can move windows without sleeping. Never set it in
+  /// production: instances would stop sharing one time source. Default: nullptr (Redis TIME).
+  sluice::clock* clock_for_test = nullptr;
+};
+
+/// Counters since the backend was made, for metrics. Monotonic except `pending` and `circuit_open`.
+struct redis_backend_stats {
+  std::uint64_t checks = 0;            ///< Checks accepted (valid requests).
+  std::uint64_t redis_decisions = 0;   ///< Checks Redis decided.
+  std::uint64_t timeouts = 0;          ///< Checks that got no answer within command_timeout.
+  std::uint64_t unavailable = 0;       ///< Checks failed because the connection was down or the circuit open.
+  std::uint64_t protocol_errors = 0;   ///< Error replies or malformed replies.
+  std::uint64_t overloaded = 0;        ///< Checks refused because max_pending checks were waiting.
+  std::uint64_t fail_open = 0;         ///< Failed checks admitted by on_error = allow.
+  std::uint64_t fail_closed = 0;       ///< Failed checks refused by on_error = deny.
+  std::uint64_t local_fallback = 0;    ///< Failed checks decided in process by on_error = local.
+  std::uint64_t script_reloads = 0;    ///< NOSCRIPT replies recovered by sending the script again.
+  std::uint64_t connects = 0;          ///< Successful connections (the first one included).
+  std::uint64_t circuit_opens = 0;     ///< Times the circuit breaker opened.
+  std::uint64_t pending = 0;           ///< Checks waiting right now.
+  bool circuit_open = false;           ///< True while checks are failed fast.
+};
+
+/// The Redis backend; `stats()` is what sluiced exports.
+class redis_backend : public backend {
+ public:
+  virtual redis_backend_stats stats() const = 0;
+};
+
+/// Makes a backend with its own io_context thread. Fails only on invalid options; an unreachable
+/// Redis is not an error here (checks follow `on_error` until it answers; `ready()` tells).
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options);
+
+/// As above, on the caller's io_context (which the caller runs; any number of threads). Destroy the
+/// backend outside that io_context's threads while it still runs, or after it has stopped.
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io);
+
+}  // namespace sluice

@@ -1,0 +1,33 @@
+// src/redis/keys.hpp — Redis key names for (rule, key) and (rule, tenant, user).
+//
+// Ids come from users. Every id (and the rule name) is percent-encoded: bytes outside printable
+// ASCII, space, `{`, `}`, `:` and `%` become %XX. The encoding is injective and leaves no `{`, `}`
+// or `:` of the id in the key, so the layouts below parse back unambiguously — no two distinct
+// requests share a key, and no id can open, close or choose a hash tag:
+//   single-layer:  PREFIX{RULE:KEY}:ALG
+//   dual tenant:   PREFIX{TENANT}:RULE:ALG
+//   dual user:     PREFIX{TENANT}:RULE:user:USER:ALG
+// (a single-layer tag holds one `:`, a dual-layer tag none; ALG is tb, swl, swc or fw.)
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "sluice/policy.hpp"
+
+namespace sluice::redis_detail {
+
+/// Percent-encodes `id` as described above.
+std::string encode_id(std::string_view id);
+
+/// "tb", "swl", "swc" or "fw".
+std::string_view algorithm_tag(algorithm a) noexcept;
+
+std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, algorithm a);
+std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, algorithm a);
+std::string user_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view user,
+                     algorithm a);
+
+}  // namespace sluice::redis_detail

@@ -1,0 +1,826 @@
+// The Redis backend: one hiredis connection on an Asio strand, one Lua script per algorithm,
+// a deadline per check, a circuit breaker, and the on_error policy.
+//
+// Everything touching the connection runs on `strand_`. A check is built (keys, arguments) on the
+// caller's thread, then posted to the strand, sent (hiredis pipelines it behind the others) and
+// completed by the first of: its reply, its deadline, the connection's loss.
+#include "sluice/redis_backend.hpp"
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <charconv>
+#include <cstdio>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "redis/asio_hiredis.hpp"
+#include "redis/keys.hpp"
+#include "redis/scripts.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/memory_backend.hpp"
+
+namespace sluice {
+namespace {
+
+namespace asio = boost::asio;
+using redis_detail::scripts;
+using redis_detail::strand_type;
+using steady = std::chrono::steady_clock;
+
+struct endpoint {
+  std::string host;  // or the unix socket path
+  int port = 0;
+  bool unix_socket = false;
+};
+
+result<endpoint> parse_address(std::string_view a) {
+  endpoint e;
+  if (a.starts_with("unix:")) {
+    e.host = std::string(a.substr(5));
+    e.unix_socket = true;
+    if (e.host.empty()) return {errc::config_invalid, "redis address 'unix:' has no path"};
+    return e;
+  }
+  std::string_view host;
+  std::string_view port;
+  if (a.starts_with("[")) {
+    auto close = a.find(']');
+    if (close == std::string_view::npos || close + 1 >= a.size() || a[close + 1] != ':') {
+      return {errc::config_invalid, "redis address '" + std::string(a) + "' is not [host]:port"};
+    }
+    host = a.substr(1, close - 1);
+    port = a.substr(close + 2);
+  } else {
+    auto colon = a.rfind(':');
+    if (colon == std::string_view::npos) return {errc::config_invalid, "redis address '" + std::string(a) + "' has no port"};
+    host = a.substr(0, colon);
+    port = a.substr(colon + 1);
+  }
+  int p = 0;
+  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (host.empty() || ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
+    return {errc::config_invalid, "redis address '" + std::string(a) + "' is not host:port with a port in 1-65535"};
+  }
+  e.host = std::string(host);
+  e.port = p;
+  return e;
+}
+
+std::string format_double(double v) {
+  char buf[40];
+  int n = std::snprintf(buf, sizeof buf, "%.17g", v);
+  return std::string(buf, static_cast<std::size_t>(n));
+}
+
+// Appends one RESP bulk string: $len CRLF bytes CRLF.
+void bulk(std::string& out, std::string_view s) {
+  char len[24];
+  auto [end, ec] = std::to_chars(len, len + sizeof len, s.size());
+  out += '$';
+  out.append(len, end);
+  out += "\r\n";
+  out += s;
+  out += "\r\n";
+}
+
+void bulk(std::string& out, std::int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  bulk(out, std::string_view(buf, static_cast<std::size_t>(end - buf)));
+}
+
+// The three script parameters of a policy (see scripts.hpp).
+void append_params(std::string& out, const policy& p) {
+  if (p.algorithm == algorithm::token_bucket) {
+    gcra_params g = make_gcra_params(p.rate, p.burst);
+    bulk(out, format_double(static_cast<double>(g.interval_ns) / 1000.0));
+    bulk(out, format_double(static_cast<double>(g.tolerance_ns) / 1000.0));
+    bulk(out, g.burst);
+    return;
+  }
+  const std::int64_t window_us = std::max<std::int64_t>(1, (p.window.count() + 999) / 1000);
+  bulk(out, p.limit);
+  bulk(out, window_us);
+  bulk(out, "0");
+}
+
+nanoseconds from_us(long long us) {
+  if (us < 0) return never;
+  if (us > std::numeric_limits<std::int64_t>::max() / 1000) return never;
+  return nanoseconds(us * 1000);
+}
+
+// One check on its way through the backend.
+struct op {
+  check_request req;  // views valid until the handler runs
+  check_handler handler;
+  std::string command;    // RESP: EVALSHA sha numkeys keys... argv..., formatted once
+  std::size_t header = 0;  // length of "*argc CRLF"
+  std::size_t rest = 0;    // offset of numkeys: what EVAL shares with EVALSHA
+  std::size_t script = 0;  // index into scripts()
+  bool dual = false;
+  std::int64_t limit = 0;         // single: the capacity; dual: the user layer's
+  std::int64_t tenant_limit = 0;  // dual only
+  steady::time_point deadline;
+  bool done = false;
+  bool resent = false;  // sent again as EVAL after NOSCRIPT
+};
+
+using op_ptr = std::shared_ptr<op>;
+
+// Rate-limited error log: the first error logs at once, later ones are counted and reported with
+// the next line, at most one line per interval.
+class error_log {
+ public:
+  explicit error_log(std::chrono::milliseconds interval) : interval_(interval) {}
+
+  void report(std::string_view what) {
+    std::lock_guard lock(mu_);
+    ++unreported_;
+    auto now = steady::now();
+    if (logged_once_ && now - last_ < interval_) return;
+    spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", what, unreported_);
+    unreported_ = 0;
+    last_ = now;
+    logged_once_ = true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::chrono::milliseconds interval_;
+  steady::time_point last_{};
+  std::uint64_t unreported_ = 0;
+  bool logged_once_ = false;
+};
+
+class redis_core : public std::enable_shared_from_this<redis_core> {
+ public:
+  redis_core(const redis_options& o, endpoint ep, asio::io_context& io, std::unique_ptr<memory_backend> local)
+      : options_(o),
+        endpoint_(std::move(ep)),
+        io_(io),
+        strand_(asio::make_strand(io)),
+        deadline_timer_(strand_),
+        probe_timer_(strand_),
+        connect_timer_(strand_),
+        local_(std::move(local)),
+        log_(o.error_log_interval) {}
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] { self->connect(); });
+  }
+
+  // Fails everything still waiting and closes the connection. Must not run on the io threads
+  // unless inside the strand.
+  void shutdown() {
+    if (strand_.running_in_this_thread()) {
+      do_shutdown();
+      return;
+    }
+    auto done = std::make_shared<std::promise<void>>();
+    auto f = done->get_future();
+    asio::post(strand_, [self = shared_from_this(), done] {
+      self->do_shutdown();
+      done->set_value();
+    });
+    if (io_.stopped()) {
+      // Nobody will run the strand: nothing can be in flight on it either.
+      return;
+    }
+    f.wait();
+  }
+
+  bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
+
+  void async_check(const check_request& req, check_handler handler) {
+    if (!handler) handler = [](result<decision>) {};
+    if (auto v = validate(req); !v) {
+      handler(v.error());
+      return;
+    }
+    // The rule's parameters go into the script: a bad one is the caller's error, not Redis's.
+    if (auto v = validate(*req.rule); !v) {
+      handler(v.error());
+      return;
+    }
+    checks_.fetch_add(1, std::memory_order_relaxed);
+    if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+      overloaded_.fetch_add(1, std::memory_order_relaxed);
+      log_.report("too many checks waiting (max_pending = " + std::to_string(options_.max_pending) + ")");
+      handler(failure_decision(req, errc::backend_overloaded));
+      return;
+    }
+    auto o = std::make_shared<op>();
+    o->req = req;
+    o->handler = std::move(handler);
+    build(*o);
+    asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+  }
+
+  bool ready() const { return ready_.load(std::memory_order_relaxed); }
+
+  redis_backend_stats stats() const {
+    redis_backend_stats s;
+    s.checks = checks_.load(std::memory_order_relaxed);
+    s.redis_decisions = redis_decisions_.load(std::memory_order_relaxed);
+    s.timeouts = timeouts_.load(std::memory_order_relaxed);
+    s.unavailable = unavailable_.load(std::memory_order_relaxed);
+    s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+    s.overloaded = overloaded_.load(std::memory_order_relaxed);
+    s.fail_open = fail_open_.load(std::memory_order_relaxed);
+    s.fail_closed = fail_closed_.load(std::memory_order_relaxed);
+    s.local_fallback = local_fallback_.load(std::memory_order_relaxed);
+    s.script_reloads = script_reloads_.load(std::memory_order_relaxed);
+    s.connects = connects_.load(std::memory_order_relaxed);
+    s.circuit_opens = circuit_opens_.load(std::memory_order_relaxed);
+    s.pending = pending_.load(std::memory_order_relaxed);
+    s.circuit_open = circuit_open_flag_.load(std::memory_order_relaxed);
+    return s;
+  }
+
+  void forget_rule(std::string_view name) {
+    if (local_) local_->forget_rule(name);
+  }
+
+ private:
+  // --- building a command (caller's thread) -------------------------------------------------------
+
+  void build(op& o) {
+    const rule& r = *o.req.rule;
+    const auto& all = scripts();
+    const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
+    std::string& c = o.command;
+    c.reserve(256);
+    o.dual = r.is_dual_layer();
+    o.limit = r.limit.capacity();
+    o.script = o.dual ? redis_detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
+                      : redis_detail::single_script(r.limit.algorithm);
+    c += o.dual ? "*13\r\n" : "*9\r\n";
+    o.header = c.size();
+    bulk(c, "EVALSHA");
+    bulk(c, all[o.script].sha1);
+    o.rest = c.size();
+    if (o.dual) {
+      o.tenant_limit = r.tenant->capacity();
+      bulk(c, "2");
+      bulk(c, redis_detail::tenant_key(options_.key_prefix, r.name, o.req.tenant, r.tenant->algorithm));
+      bulk(c, redis_detail::user_key(options_.key_prefix, r.name, o.req.tenant, o.req.user, r.limit.algorithm));
+      bulk(c, now);
+      bulk(c, o.req.cost);
+      append_params(c, *r.tenant);
+      append_params(c, r.limit);
+    } else {
+      bulk(c, "1");
+      bulk(c, redis_detail::single_key(options_.key_prefix, r.name, o.req.key, r.limit.algorithm));
+      bulk(c, now);
+      bulk(c, o.req.cost);
+      append_params(c, r.limit);
+    }
+  }
+
+  // --- on the strand ----------------------------------------------------------------------------
+
+  void submit(op_ptr o) {
+    if (stopping_) return fail(o, errc::backend_unavailable, "backend is shutting down");
+    if (circuit_open_) return fail(o, errc::backend_unavailable, "circuit open");
+    o->deadline = steady::now() + options_.command_timeout;
+    if (resolving_) {
+      // The host name is being resolved: send once connected, if still within the deadline.
+      unsent_.push_back(o);
+    } else if (ac_ == nullptr) {
+      return fail(o, errc::backend_unavailable, "not connected");
+    } else if (!send(o)) {
+      return;
+    }
+    inflight_.push_back(std::move(o));
+    arm_deadline();
+  }
+
+  bool send(const op_ptr& o) {
+    const std::string* command = &o->command;
+    std::string eval;
+    if (o->resent) {
+      // EVAL with the script's body instead of EVALSHA with its hash; the rest is the same.
+      const std::string& body = scripts()[o->script].body;
+      eval.reserve(o->command.size() + body.size() + 32);
+      eval.append(o->command, 0, o->header);
+      bulk(eval, "EVAL");
+      bulk(eval, body);
+      eval.append(o->command, o->rest);
+      command = &eval;
+    }
+    auto* box = new op_ptr(o);
+    if (redisAsyncFormattedCommand(ac_, &redis_core::on_reply, box, command->data(), command->size()) != REDIS_OK) {
+      delete box;
+      fail(o, errc::backend_unavailable, "cannot queue the command on the connection");
+      return false;
+    }
+    return true;
+  }
+
+  static void on_reply(redisAsyncContext* ac, void* reply_ptr, void* privdata) {
+    op_ptr o = std::move(*static_cast<op_ptr*>(privdata));
+    delete static_cast<op_ptr*>(privdata);
+    auto* self = static_cast<redis_core*>(ac->data);
+    self->handle_reply(o, static_cast<redisReply*>(reply_ptr));
+  }
+
+  void handle_reply(const op_ptr& o, redisReply* reply) {
+    if (o->done) return;  // timed out already
+    if (reply == nullptr) {
+      // The connection is going away; its loss is handled (and counted for the breaker) once.
+      fail(o, errc::backend_unavailable, "connection lost");
+      return;
+    }
+    if (reply->type == REDIS_REPLY_ERROR) {
+      std::string_view msg(reply->str, reply->len);
+      if (msg.starts_with("NOSCRIPT") && !o->resent && ac_ != nullptr) {
+        // The server forgot the script (SCRIPT FLUSH, restart): send its body; EVAL caches it again.
+        o->resent = true;
+        script_reloads_.fetch_add(1, std::memory_order_relaxed);
+        send(o);
+        return;
+      }
+      consecutive_failures_ = 0;  // Redis answered: the connection is healthy
+      fail(o, errc::backend_protocol, "Redis error: " + std::string(msg.substr(0, 200)));
+      return;
+    }
+    auto d = parse(*o, *reply);
+    if (!d) {
+      fail(o, errc::backend_protocol, d.error().message);
+      return;
+    }
+    consecutive_failures_ = 0;
+    redis_decisions_.fetch_add(1, std::memory_order_relaxed);
+    complete(o, std::move(d));
+    trim_inflight();
+  }
+
+  static bool integers(const redisReply& r, std::size_t n, long long* out) {
+    if (r.type != REDIS_REPLY_ARRAY || r.elements != n) return false;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (r.element[i]->type != REDIS_REPLY_INTEGER) return false;
+      out[i] = r.element[i]->integer;
+    }
+    return true;
+  }
+
+  static result<decision> parse(const op& o, const redisReply& r) {
+    decision d;
+    if (!o.dual) {
+      long long v[4];
+      if (!integers(r, 4, v) || (v[0] != 0 && v[0] != 1)) {
+        return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
+      }
+      d.allowed = v[0] == 1;
+      d.limit = o.limit;
+      d.remaining = std::max<long long>(0, v[1]);
+      d.retry_after = d.allowed ? nanoseconds(0) : from_us(v[2]);
+      d.reset_after = from_us(v[3]);  // -1 ("never") only for a bucket that cannot refill
+      return d;
+    }
+    long long v[8];
+    if (!integers(r, 8, v) || (v[0] != 0 && v[0] != 1) || v[1] < 0 || v[1] > 2) {
+      return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
+    }
+    d.dual_layer = true;
+    d.allowed = v[0] == 1;
+    d.rejected_by = v[1] == 1 ? layer::tenant : (v[1] == 2 ? layer::user : layer::none);
+    d.tenant = {o.tenant_limit, std::max<long long>(0, v[2])};
+    d.user = {o.limit, std::max<long long>(0, v[5])};
+    d.remaining = std::min(d.tenant.remaining, d.user.remaining);
+    d.limit = d.rejected_by == layer::tenant || (d.allowed && d.tenant.remaining < d.user.remaining) ? d.tenant.limit
+                                                                                                    : d.user.limit;
+    if (!d.allowed) d.retry_after = std::max(from_us(v[3]), from_us(v[6]));
+    d.reset_after = std::max(from_us(v[4]), from_us(v[7]));
+    return d;
+  }
+
+  void complete(const op_ptr& o, result<decision> r) {
+    o->done = true;
+    check_handler h = std::move(o->handler);
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+    h(std::move(r));
+  }
+
+  void fail(const op_ptr& o, errc code, std::string_view why) {
+    if (o->done) return;
+    switch (code) {
+      case errc::backend_timeout: timeouts_.fetch_add(1, std::memory_order_relaxed); break;
+      case errc::backend_protocol: protocol_errors_.fetch_add(1, std::memory_order_relaxed); break;
+      default: unavailable_.fetch_add(1, std::memory_order_relaxed); break;
+    }
+    if (!stopping_) log_.report(why);
+    auto d = failure_decision(o->req, code);
+    o->done = true;
+    check_handler h = std::move(o->handler);
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+    h(std::move(d));
+  }
+
+  // What on_error decides for a check Redis could not answer. Thread-safe.
+  result<decision> failure_decision(const check_request& req, errc) {
+    const rule& r = *req.rule;
+    decision d;
+    d.limit = r.limit.capacity();
+    if (r.is_dual_layer()) {
+      d.dual_layer = true;
+      d.user.limit = r.limit.capacity();
+      d.tenant.limit = r.tenant->capacity();
+    }
+    switch (options_.on_error) {
+      case failure_policy::allow:
+        fail_open_.fetch_add(1, std::memory_order_relaxed);
+        d.allowed = true;
+        d.remaining = d.limit;
+        d.user.remaining = d.user.limit;
+        d.tenant.remaining = d.tenant.limit;
+        if (d.dual_layer) d.remaining = std::min(d.user.limit, d.tenant.limit);
+        d.source = decision_source::fail_open;
+        return d;
+      case failure_policy::deny:
+        fail_closed_.fetch_add(1, std::memory_order_relaxed);
+        d.allowed = false;
+        d.retry_after = std::chrono::seconds(1);
+        d.source = decision_source::fail_closed;
+        return d;
+      case failure_policy::local: {
+        local_fallback_.fetch_add(1, std::memory_order_relaxed);
+        auto l = local_->check(req);
+        if (l) l->source = decision_source::local_fallback;
+        return l;
+      }
+    }
+    return d;
+  }
+
+  // --- deadlines --------------------------------------------------------------------------------
+
+  void trim_inflight() {
+    while (!inflight_.empty() && inflight_.front()->done) inflight_.pop_front();
+  }
+
+  // One timer for all checks: they share one timeout, so inflight_ is in deadline order.
+  void arm_deadline() {
+    trim_inflight();
+    if (inflight_.empty() || deadline_armed_) return;
+    deadline_armed_ = true;
+    deadline_timer_.expires_at(inflight_.front()->deadline);
+    deadline_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code) {
+      self->deadline_armed_ = false;
+      if (self->stopping_) return;
+      self->expire_due();
+    }));
+  }
+
+  void expire_due() {
+    const auto now = steady::now();
+    std::vector<op_ptr> expired;
+    while (!inflight_.empty()) {
+      op_ptr o = inflight_.front();
+      if (!o->done && o->deadline > now) break;
+      inflight_.pop_front();
+      if (!o->done) expired.push_back(std::move(o));
+    }
+    consecutive_failures_ += static_cast<int>(expired.size());
+    const bool trip_now = !expired.empty() && consecutive_failures_ >= options_.breaker_failure_threshold;
+    const std::string why = std::to_string(consecutive_failures_) + " consecutive failures";
+    // Open the circuit before completing: a caller woken by this timeout already sees it open.
+    if (trip_now) open_circuit(why);
+    for (const auto& o : expired) fail(o, errc::backend_timeout, "no reply within command_timeout");
+    if (trip_now && ac_ != nullptr) drop_connection(why);
+    arm_deadline();
+  }
+
+  // --- connection and circuit breaker -----------------------------------------------------------
+
+  void connect() {
+    if (stopping_ || ac_ != nullptr || resolving_) return;
+    if (endpoint_.unix_socket) return connect_to(endpoint_.host);
+    boost::system::error_code ec;
+    asio::ip::make_address(endpoint_.host, ec);
+    if (!ec) return connect_to(endpoint_.host);
+    // A host name: resolve without blocking the io thread, then connect to the first address.
+    resolving_ = true;
+    auto resolver = std::make_shared<asio::ip::tcp::resolver>(strand_);
+    resolver->async_resolve(endpoint_.host, std::to_string(endpoint_.port),
+                            asio::bind_executor(strand_, [self = shared_from_this(), resolver](
+                                                             boost::system::error_code ec2,
+                                                             asio::ip::tcp::resolver::results_type results) {
+                              self->resolving_ = false;
+                              if (self->stopping_) return;
+                              if (ec2 || results.empty()) {
+                                self->trip("cannot resolve " + self->endpoint_.host + ": " + ec2.message());
+                                return;
+                              }
+                              self->connect_to(results.begin()->endpoint().address().to_string());
+                            }));
+  }
+
+  void connect_to(const std::string& host) {
+    redisAsyncContext* ac =
+        endpoint_.unix_socket ? redisAsyncConnectUnix(host.c_str()) : redisAsyncConnect(host.c_str(), endpoint_.port);
+    if (ac == nullptr) return trip("cannot allocate a connection");
+    if (ac->err) {
+      std::string why = "cannot connect to " + address() + ": " + ac->errstr;
+      redisAsyncFree(ac);
+      return trip(why);
+    }
+    ac->data = this;
+    redis_detail::attach(ac, strand_);
+    redisAsyncSetConnectCallback(ac, &redis_core::on_connect);
+    redisAsyncSetDisconnectCallback(ac, &redis_core::on_disconnect);
+    ac_ = ac;
+    ++generation_;
+    // The handshake goes first on the connection; checks queued behind it follow in order.
+    if (!options_.password.empty()) {
+      if (options_.username.empty()) {
+        const char* argv[] = {"AUTH", options_.password.c_str()};
+        const std::size_t lens[] = {4, options_.password.size()};
+        redisAsyncCommandArgv(ac, &redis_core::on_handshake, const_cast<char*>("AUTH"), 2, argv, lens);
+      } else {
+        const char* argv[] = {"AUTH", options_.username.c_str(), options_.password.c_str()};
+        const std::size_t lens[] = {4, options_.username.size(), options_.password.size()};
+        redisAsyncCommandArgv(ac, &redis_core::on_handshake, const_cast<char*>("AUTH"), 3, argv, lens);
+      }
+    }
+    if (options_.database != 0) {
+      std::string db = std::to_string(options_.database);
+      const char* argv[] = {"SELECT", db.c_str()};
+      const std::size_t lens[] = {6, db.size()};
+      redisAsyncCommandArgv(ac, &redis_core::on_handshake, const_cast<char*>("SELECT"), 2, argv, lens);
+    }
+    for (const auto& s : scripts()) {
+      const char* argv[] = {"SCRIPT", "LOAD", s.body.c_str()};
+      const std::size_t lens[] = {6, 4, s.body.size()};
+      redisAsyncCommandArgv(ac, &redis_core::on_handshake, const_cast<char*>("SCRIPT LOAD"), 3, argv, lens);
+    }
+    redisAsyncCommand(ac, &redis_core::on_handshake, const_cast<char*>("PING"), "PING");
+    // Checks that waited for the host name to resolve go right behind the handshake.
+    auto waiting = std::move(unsent_);
+    unsent_.clear();
+    for (auto& o : waiting) {
+      if (!o->done) send(o);
+    }
+    connect_timer_.expires_after(options_.connect_timeout);
+    connect_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(), gen = generation_](boost::system::error_code ec) {
+      if (ec || self->stopping_ || gen != self->generation_ || self->conn_ready_ || self->ac_ == nullptr) return;
+      self->drop_connection("no connection to " + self->address() + " within connect_timeout");
+    }));
+  }
+
+  static void on_connect(const redisAsyncContext* ac, int status) {
+    auto* self = static_cast<redis_core*>(ac->data);
+    if (status == REDIS_OK || ac != self->ac_) return;
+    // hiredis frees the context after this callback.
+    self->ac_ = nullptr;
+    self->lost("cannot connect to " + self->address() + ": " + (ac->errstr ? ac->errstr : "error"));
+  }
+
+  static void on_disconnect(const redisAsyncContext* ac, int /*status*/) {
+    auto* self = static_cast<redis_core*>(ac->data);
+    if (ac != self->ac_) return;  // we dropped it ourselves
+    self->ac_ = nullptr;
+    self->lost("connection to " + self->address() + " lost" + (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
+  }
+
+  static void on_handshake(redisAsyncContext* ac, void* reply_ptr, void* privdata) {
+    auto* self = static_cast<redis_core*>(ac->data);
+    auto* reply = static_cast<redisReply*>(reply_ptr);
+    std::string_view step = static_cast<const char*>(privdata);
+    if (reply == nullptr || ac != self->ac_ || self->stopping_) return;
+    if (reply->type == REDIS_REPLY_ERROR) {
+      std::string why = std::string(step) + " failed on " + self->address() + ": " + std::string(reply->str, reply->len);
+      // Dropping the context inside its own callback is not allowed: do it next.
+      asio::post(self->strand_, [s = self->shared_from_this(), gen = self->generation_, why] {
+        if (gen == s->generation_ && s->ac_ != nullptr) s->drop_connection(why);
+      });
+      return;
+    }
+    if (step == "PING") self->on_ready();
+  }
+
+  void on_ready() {
+    conn_ready_ = true;
+    ready_.store(true, std::memory_order_relaxed);
+    connects_.fetch_add(1, std::memory_order_relaxed);
+    consecutive_failures_ = 0;
+    connect_timer_.cancel();
+    if (circuit_open_) {
+      circuit_open_ = false;
+      circuit_open_flag_.store(false, std::memory_order_relaxed);
+      spdlog::info("sluice redis backend: connected to {}; circuit closed", address());
+    }
+  }
+
+  // Frees the connection now (not from inside a hiredis callback): its waiting checks fail.
+  void drop_connection(const std::string& why) {
+    redisAsyncContext* ac = ac_;
+    ac_ = nullptr;
+    if (ac != nullptr) redisAsyncFree(ac);
+    lost(why);
+  }
+
+  // The connection is gone (or never came): fail fast until a probe reconnects.
+  void lost(const std::string& why) {
+    auto waiting = std::move(unsent_);
+    unsent_.clear();
+    for (auto& o : waiting) fail(o, errc::backend_unavailable, why);
+    conn_ready_ = false;
+    ready_.store(false, std::memory_order_relaxed);
+    if (stopping_) return;
+    log_.report(why);
+    open_circuit(why);
+  }
+
+  // Too many failures while connected: drop the connection (its replies are late or never
+  // coming) and fail fast until a probe reconnects.
+  void trip(const std::string& why) {
+    if (ac_ != nullptr) {
+      drop_connection(why);
+      return;
+    }
+    lost(why);
+  }
+
+  void open_circuit(const std::string& why) {
+    if (!circuit_open_) {
+      circuit_open_ = true;
+      circuit_open_flag_.store(true, std::memory_order_relaxed);
+      circuit_opens_.fetch_add(1, std::memory_order_relaxed);
+      spdlog::warn("sluice redis backend: circuit open ({}); checks follow on_error until {} answers", why, address());
+    }
+    schedule_probe();
+  }
+
+  void schedule_probe() {
+    if (probe_armed_ || stopping_) return;
+    probe_armed_ = true;
+    probe_timer_.expires_after(options_.breaker_probe_interval);
+    probe_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code) {
+      self->probe_armed_ = false;
+      if (self->stopping_ || !self->circuit_open_) return;
+      // A probe is a new connection; its handshake PING closes the circuit.
+      if (self->ac_ == nullptr) self->connect();
+      self->schedule_probe();
+    }));
+  }
+
+  void do_shutdown() {
+    if (stopping_) return;
+    stopping_ = true;
+    deadline_timer_.cancel();
+    probe_timer_.cancel();
+    connect_timer_.cancel();
+    redisAsyncContext* ac = ac_;
+    ac_ = nullptr;
+    if (ac != nullptr) redisAsyncFree(ac);  // waiting checks complete with "unavailable"
+    for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");
+    inflight_.clear();
+    unsent_.clear();
+  }
+
+  std::string address() const {
+    return endpoint_.unix_socket ? "unix:" + endpoint_.host : endpoint_.host + ":" + std::to_string(endpoint_.port);
+  }
+
+  const redis_options options_;
+  const endpoint endpoint_;
+  asio::io_context& io_;
+  strand_type strand_;
+  asio::steady_timer deadline_timer_;
+  asio::steady_timer probe_timer_;
+  asio::steady_timer connect_timer_;
+  std::unique_ptr<memory_backend> local_;
+  error_log log_;
+
+  // Strand only.
+  redisAsyncContext* ac_ = nullptr;
+  std::uint64_t generation_ = 0;
+  bool conn_ready_ = false;
+  bool circuit_open_ = false;
+  bool resolving_ = false;
+  bool deadline_armed_ = false;
+  bool probe_armed_ = false;
+  bool stopping_ = false;
+  int consecutive_failures_ = 0;
+  std::deque<op_ptr> inflight_;  // sent (or waiting in unsent_), in deadline order
+  std::vector<op_ptr> unsent_;    // waiting for the host name to resolve
+
+  // Any thread.
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> circuit_open_flag_{false};
+  std::atomic<std::uint64_t> pending_{0};
+  std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},
+      overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, script_reloads_{0}, connects_{0},
+      circuit_opens_{0};
+};
+
+class redis_backend_impl final : public redis_backend {
+ public:
+  // Owns an io_context and its thread.
+  explicit redis_backend_impl(std::unique_ptr<asio::io_context> io) : owned_io_(std::move(io)), work_(owned_io_->get_executor()) {}
+  redis_backend_impl() = default;
+
+  void start(std::shared_ptr<redis_core> core) {
+    core_ = std::move(core);
+    core_->start();
+    if (owned_io_) thread_ = std::thread([io = owned_io_.get()] { io->run(); });
+  }
+
+  ~redis_backend_impl() override {
+    core_->shutdown();
+    if (owned_io_) {
+      work_.reset();
+      owned_io_->stop();
+      thread_.join();
+    }
+  }
+
+  result<decision> check(const check_request& req) override {
+    if (core_->on_io_thread()) {
+      return {errc::invalid_argument, "check() blocks and was called on the Redis backend's io thread; use async_check"};
+    }
+    auto p = std::make_shared<std::promise<result<decision>>>();
+    auto f = p->get_future();
+    core_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
+    return f.get();
+  }
+
+  void async_check(const check_request& req, check_handler handler) override {
+    core_->async_check(req, std::move(handler));
+  }
+
+  bool ready() override { return core_->ready(); }
+  void forget_rule(std::string_view rule_name) override { core_->forget_rule(rule_name); }
+  redis_backend_stats stats() const override { return core_->stats(); }
+
+ private:
+  std::unique_ptr<asio::io_context> owned_io_;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
+  std::shared_ptr<redis_core> core_;
+  std::thread thread_;
+};
+
+result<endpoint> validate_options(const redis_options& o) {
+  if (o.addresses.empty()) return {errc::config_invalid, "redis addresses must not be empty"};
+  auto ep = parse_address(o.addresses.front());
+  if (!ep) return ep.error();
+  if (o.key_prefix.find_first_of("{}") != std::string::npos) {
+    return {errc::config_invalid, "redis key_prefix must not contain '{' or '}' (they would choose the hash slot)"};
+  }
+  if (o.key_prefix.size() > 256) return {errc::config_invalid, "redis key_prefix is longer than 256 bytes"};
+  if (o.database < 0) return {errc::config_invalid, "redis database must be >= 0"};
+  if (o.connect_timeout <= std::chrono::milliseconds::zero()) return {errc::config_invalid, "redis connect_timeout must be > 0"};
+  if (o.command_timeout <= std::chrono::milliseconds::zero()) return {errc::config_invalid, "redis command_timeout must be > 0"};
+  if (o.max_pending == 0) return {errc::config_invalid, "redis max_pending must be > 0"};
+  if (o.breaker_failure_threshold < 1) return {errc::config_invalid, "redis breaker_failure_threshold must be >= 1"};
+  if (o.breaker_probe_interval <= std::chrono::milliseconds::zero()) {
+    return {errc::config_invalid, "redis breaker_probe_interval must be > 0"};
+  }
+  return ep;
+}
+
+std::unique_ptr<memory_backend> make_local(const redis_options& o) {
+  if (o.on_error != failure_policy::local) return nullptr;
+  memory_backend_options m;
+  if (o.clock_for_test) m.clock = o.clock_for_test;
+  return make_memory_backend(m);
+}
+
+}  // namespace
+
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
+  auto ep = validate_options(options);
+  if (!ep) return ep.error();
+  auto io = std::make_unique<asio::io_context>(1);
+  auto* io_ptr = io.get();
+  auto impl = std::make_unique<redis_backend_impl>(std::move(io));
+  impl->start(std::make_shared<redis_core>(options, std::move(*ep), *io_ptr, make_local(options)));
+  return std::unique_ptr<redis_backend>(std::move(impl));
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io) {
+  auto ep = validate_options(options);
+  if (!ep) return ep.error();
+  auto impl = std::make_unique<redis_backend_impl>();
+  impl->start(std::make_shared<redis_core>(options, std::move(*ep), io, make_local(options)));
+  return std::unique_ptr<redis_backend>(std::move(impl));
+}
+
+}  // namespace sluice

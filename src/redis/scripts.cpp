@@ -1,0 +1,240 @@
+#include "redis/scripts.hpp"
+
+#include <boost/uuid/detail/sha1.hpp>
+#include <cstdio>
+
+namespace sluice::redis_detail {
+namespace {
+
+// Shared by every script: `now` (µs, from TIME unless a test passes it) and the cost.
+// Redis 7 replicates script effects, so reading TIME before writing is allowed.
+constexpr std::string_view prelude = R"lua(local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local cost = tonumber(ARGV[2])
+)lua";
+
+// Each algorithm is a body over (key, cost, its three parameters, commit) ending in
+//   return allowed (0/1), remaining, retry µs (-1: never), reset µs      (whole µs, rounded up)
+// With commit false it only looks (trimming expired entries changes no decision); with commit true
+// it records an admitted cost. The values match the in-process states (gcra.hpp, window_states.hpp):
+// remaining and reset after admission when allowed, of the current state when refused.
+// The dual-layer script wraps each body in a function; a single-layer script runs its body inline
+// (no closure per call: measurably cheaper), each `return a, b, c, d` becoming `return {a, b, c, d}`.
+// Bodies therefore keep every `return` on one line of its own.
+struct algorithm_lua {
+  std::string_view name;
+  std::string_view params;  // the names of p1, p2, p3
+  std::string_view body;
+};
+
+// GCRA: the key holds the theoretical arrival time (µs, %.17g so it round-trips) and expires when
+// the bucket is full again. p1 = interval µs (0: infinite rate), p2 = tolerance µs, p3 = burst.
+constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, burst", R"lua(
+  if interval == 0 then
+    return 1, burst, 0, 0
+  end
+  if burst == 0 then
+    return 0, 0, -1, 0
+  end
+  local tat = tonumber(redis.call('GET', key)) or now
+  local base = math.max(tat, now)
+  local new_tat = base + cost * interval
+  local allow_at = new_tat - tolerance
+  if allow_at <= now then
+    if commit then
+      redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
+    end
+    return 1, math.max(0, math.floor((tolerance - (new_tat - now)) / interval + 1e-9)), 0, math.ceil(new_tat - now)
+  end
+  return 0, math.max(0, math.floor((tolerance - (base - now)) / interval + 1e-9)), math.ceil(allow_at - now), math.ceil(base - now)
+)lua"};
+
+// Sliding window log on a ZSET of admission times: at most `limit` in (now - W, now]. Members are
+// "now.n" with n the count at admission (ZADD NX retried with n + 1 on the rare clash), so two
+// admissions in the same microsecond never collapse. The key expires W after its newest entry.
+constexpr algorithm_lua sliding_window_log_lua{"sliding_window_log", "limit, window, _", R"lua(
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local count = redis.call('ZCARD', key)
+  if count + cost <= limit then
+    if commit then
+      local n = count
+      for _ = 1, cost do
+        while redis.call('ZADD', key, 'NX', now, string.format('%d.%d', now, n)) == 0 do n = n + 1 end
+        n = n + 1
+      end
+      redis.call('PEXPIRE', key, math.ceil(window / 1000))
+    end
+    return 1, limit - count - cost, 0, window
+  end
+  local i = count + cost - limit - 1
+  local first = redis.call('ZRANGE', key, i, i, 'WITHSCORES')
+  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  return 0, math.max(0, limit - count), math.ceil(tonumber(first[2]) + window - now), math.ceil(tonumber(last[2]) + window - now)
+)lua"};
+
+// Sliding window counter: one string "index current previous" for windows aligned to multiples of
+// W; estimate = previous * (W - elapsed) / W + current. Expires at the end of the next window.
+constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "limit, window, _", R"lua(
+  local index = math.floor(now / window)
+  local elapsed = now - index * window
+  local to_end = window - elapsed
+  local cur, prev = 0, 0
+  local v = redis.call('GET', key)
+  if v then
+    local i, c, p = string.match(v, '^(%-?%d+) (%d+) (%d+)$')
+    i = tonumber(i)
+    if i >= index then cur, prev = tonumber(c), tonumber(p)
+    elseif i == index - 1 then prev = tonumber(c) end
+  end
+  local weighted = prev * (window - elapsed) / window
+  if weighted + cur + cost <= limit + 1e-9 then
+    if commit then
+      redis.call('SET', key, string.format('%d %d %d', index, cur + cost, prev), 'PX', math.ceil((to_end + window) / 1000))
+    end
+    return 1, math.max(0, math.floor(limit - weighted - cur - cost + 1e-9)), 0, to_end + window
+  end
+  local retry
+  if cur + cost <= limit then
+    retry = window - (limit - cur - cost) * window / prev - elapsed
+  else
+    retry = to_end + math.max(0, window - (limit - cost) * window / cur)
+  end
+  if retry < 1 then retry = 1 end
+  local reset = 0
+  if cur > 0 then reset = to_end + window elseif prev > 0 then reset = to_end end
+  return 0, math.max(0, math.floor(limit - weighted - cur + 1e-9)), math.ceil(retry), reset
+)lua"};
+
+// Fixed window: one string "index count" expiring at the end of its aligned window.
+constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"lua(
+  local index = math.floor(now / window)
+  local to_end = window - (now - index * window)
+  local used = 0
+  local v = redis.call('GET', key)
+  if v then
+    local i, c = string.match(v, '^(%-?%d+) (%d+)$')
+    if tonumber(i) >= index then used = tonumber(c) end
+  end
+  if used + cost <= limit then
+    if commit then
+      redis.call('SET', key, string.format('%d %d', index, used + cost), 'PX', math.ceil(to_end / 1000))
+    end
+    return 1, limit - used - cost, 0, to_end
+  end
+  local reset = 0
+  if used > 0 then reset = to_end end
+  return 0, math.max(0, limit - used), to_end, reset
+)lua"};
+
+// All or nothing: the user layer records only when the tenant layer would admit, and the tenant
+// layer records only when the user layer did; a refusal by one layer consumes nothing of the other.
+// (The tenant layer is evaluated twice on success; nothing changes between the two inside a script.)
+// A layer that would have admitted but recorded nothing reports its unchanged state (+ cost).
+constexpr std::string_view dual_main = R"lua(
+local t1, t2, t3 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local u1, u2, u3 = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, false)
+if ta == 0 then
+  local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, false)
+  if ua == 1 then ur = ur + cost end
+  return {0, 1, tr, tw, tz, ur, uw, uz}
+end
+local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, true)
+if ua == 0 then
+  return {0, 2, tr + cost, tw, tz, ur, uw, uz}
+end
+ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, true)
+return {1, 0, tr, tw, tz, ur, uw, uz}
+)lua";
+
+constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,
+                                                              &sliding_window_counter_lua, &fixed_window_lua};
+
+std::string as_function(const algorithm_lua& a) {
+  std::string f = "local function ";
+  f += a.name;
+  f += "(key, cost, ";
+  f += a.params;
+  f += ", commit)";
+  f += a.body;
+  f += "end\n";
+  return f;
+}
+
+// The body at top level: parameters from KEYS/ARGV, and each one-line `return a, b, c, d` turned
+// into `return {a, b, c, d}`.
+std::string single(const algorithm_lua& a) {
+  std::string body(prelude);
+  body += "local key, commit = KEYS[1], true\nlocal ";
+  body += a.params;
+  body += " = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])";
+  std::string_view rest = a.body;
+  while (!rest.empty()) {
+    const std::size_t eol = rest.find('\n');
+    std::string_view line = rest.substr(0, eol == std::string_view::npos ? rest.size() : eol + 1);
+    rest.remove_prefix(line.size());
+    const std::size_t at = line.find("return ");
+    if (at != std::string_view::npos && line.find_first_not_of(' ') == at) {
+      std::string_view values = line.substr(at + 7);
+      while (!values.empty() && (values.back() == '\n' || values.back() == ' ')) values.remove_suffix(1);
+      body.append(line.substr(0, at));
+      body += "return {";
+      body += values;
+      body += "}\n";
+    } else {
+      body += line;
+    }
+  }
+  return body;
+}
+
+// Only the two algorithms of the pair are defined: fewer closures per call.
+std::string dual(const algorithm_lua& tenant, const algorithm_lua& user) {
+  std::string body(prelude);
+  body += as_function(tenant);
+  if (&tenant != &user) body += as_function(user);
+  body += "local tf, uf = ";
+  body += tenant.name;
+  body += ", ";
+  body += user.name;
+  body += dual_main;
+  return body;
+}
+
+script make(std::string name, std::string body) {
+  std::string sha = sha1_hex(body);
+  return {std::move(name), std::move(body), std::move(sha)};
+}
+
+}  // namespace
+
+std::string sha1_hex(std::string_view text) {
+  boost::uuids::detail::sha1 h;
+  h.process_bytes(text.data(), text.size());
+  boost::uuids::detail::sha1::digest_type digest;
+  h.get_digest(digest);
+  char out[41];
+  for (int i = 0; i < 5; ++i) std::snprintf(out + i * 8, 9, "%08x", digest[i]);
+  return std::string(out, 40);
+}
+
+const std::array<script, script_count>& scripts() {
+  static const std::array<script, script_count> all = [] {
+    std::array<script, script_count> out;
+    for (std::size_t a = 0; a < algorithm_count; ++a) {
+      out[a] = make(std::string(algorithms[a]->name), single(*algorithms[a]));
+      for (std::size_t b = 0; b < algorithm_count; ++b) {
+        out[algorithm_count + a * algorithm_count + b] =
+            make("dual_layer(" + std::string(algorithms[a]->name) + "," + std::string(algorithms[b]->name) + ")",
+                 dual(*algorithms[a], *algorithms[b]));
+      }
+    }
+    return out;
+  }();
+  return all;
+}
+
+}  // namespace sluice::redis_detail

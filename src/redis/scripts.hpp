@@ -1,0 +1,51 @@
+// src/redis/scripts.hpp — the Lua scripts of the Redis backend and how their arguments are laid out.
+//
+// Every script takes
+//   ARGV[1] = now in µs, or -1 to read the Redis server's TIME (always -1 outside tests)
+//   ARGV[2] = cost
+// then the parameters of its algorithm, three numbers each ("params"):
+//   token bucket:  interval µs (float), tolerance µs (float, burst × interval), burst
+//   windows:       limit, window µs (integer), 0
+// Single-layer scripts (KEYS[1], ARGV[3..5]) return {allowed, remaining, retry_after µs, reset_after µs}.
+// There is one dual-layer script per (tenant algorithm, user algorithm) pair (KEYS[1] = tenant,
+// KEYS[2] = user; ARGV[3..5] tenant params, ARGV[6..8] user params) returning
+// {allowed, rejected_by (0 none, 1 tenant, 2 user), tenant remaining, retry µs, reset µs,
+//  user remaining, retry µs, reset µs}. A retry_after of -1 means "never".
+//
+// Thread-safe: constants.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "sluice/policy.hpp"
+
+namespace sluice::redis_detail {
+
+inline constexpr std::size_t algorithm_count = 4;
+/// 4 single-layer scripts, then 16 dual-layer ones.
+inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count;
+
+struct script {
+  std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".
+  std::string body;  ///< The Lua source.
+  std::string sha1;  ///< Lowercase hex SHA1 of body, as EVALSHA wants it.
+};
+
+/// All scripts, indexed as below. Built once.
+const std::array<script, script_count>& scripts();
+
+/// The single-layer script of an algorithm.
+constexpr std::size_t single_script(algorithm a) noexcept { return static_cast<std::size_t>(a); }
+
+/// The dual-layer script of a (tenant, user) pair of algorithms.
+constexpr std::size_t dual_script(algorithm tenant, algorithm user) noexcept {
+  return algorithm_count + static_cast<std::size_t>(tenant) * algorithm_count + static_cast<std::size_t>(user);
+}
+
+/// Lowercase hex SHA1 of `text`.
+std::string sha1_hex(std::string_view text);
+
+}  // namespace sluice::redis_detail

@@ -1,0 +1,572 @@
+// The Redis backend against a real redis-server: every script gives the decisions of the in-process
+// backend, keys are encoded safely and always expire, dual-layer checks are all or nothing, scripts
+// come back after SCRIPT FLUSH, AUTH works. Time comes from a simulated clock passed to the scripts
+// (redis_options::clock_for_test), so nothing sleeps.
+#include "sluice/redis_backend.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <cmath>
+#include <future>
+#include <thread>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+
+#include "integration/redis/redis_server.hpp"
+#include "redis/keys.hpp"
+#include "sluice/asio.hpp"
+#include "sluice/memory_backend.hpp"
+#include "sluice/testing/simulated_clock.hpp"
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::redis_server;
+
+class RedisBackendTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { redis_ = new redis_server(); }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+
+  void SetUp() override { redis_->command({"FLUSHALL"}); }
+
+  std::unique_ptr<redis_backend> make(redis_options o = {}) {
+    o.addresses = {redis_->address()};
+    o.clock_for_test = &clock_;
+    o.command_timeout = 2s;  // sanitizer builds are slow; the timeout path has its own tests
+    auto b = make_redis_backend(o);
+    EXPECT_TRUE(b.ok()) << (b.ok() ? "" : b.error().message);
+    return std::move(b.value());
+  }
+
+  static redis_server* redis_;
+  sluice::testing::simulated_clock clock_{time_point(std::chrono::hours(24 * 365))};
+};
+
+redis_server* RedisBackendTest::redis_ = nullptr;
+
+// Redis Cluster hashes only the part between the first '{' and the next '}' (when not empty).
+std::string hash_tag(const std::string& key) {
+  auto open = key.find('{');
+  auto close = open == std::string::npos ? std::string::npos : key.find('}', open + 1);
+  if (close == std::string::npos || close == open + 1) return key;
+  return key.substr(open + 1, close - open - 1);
+}
+
+decision expect_decision(result<decision> r) {
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r.value() : decision{};
+}
+
+void expect_same(const decision& redis, const decision& memory, const std::string& where) {
+  // Redis works in whole microseconds: durations may differ by the rounding of one µs.
+  auto close = [](nanoseconds a, nanoseconds b) {
+    if (a == never || b == never) return a == b;
+    return std::chrono::abs(a - b) <= 1us;
+  };
+  EXPECT_EQ(redis.allowed, memory.allowed) << where;
+  EXPECT_EQ(redis.limit, memory.limit) << where;
+  EXPECT_EQ(redis.remaining, memory.remaining) << where;
+  EXPECT_TRUE(close(redis.retry_after, memory.retry_after))
+      << where << " retry_after redis " << redis.retry_after.count() << " memory " << memory.retry_after.count();
+  EXPECT_TRUE(close(redis.reset_after, memory.reset_after))
+      << where << " reset_after redis " << redis.reset_after.count() << " memory " << memory.reset_after.count();
+  EXPECT_EQ(redis.dual_layer, memory.dual_layer) << where;
+  EXPECT_EQ(redis.rejected_by, memory.rejected_by) << where;
+  EXPECT_EQ(redis.tenant.limit, memory.tenant.limit) << where;
+  EXPECT_EQ(redis.tenant.remaining, memory.tenant.remaining) << where;
+  EXPECT_EQ(redis.user.limit, memory.user.limit) << where;
+  EXPECT_EQ(redis.user.remaining, memory.user.remaining) << where;
+  EXPECT_EQ(redis.source, decision_source::limiter) << where;
+}
+
+// A random walk of time and costs, checked on Redis and in process with the same clock: every
+// decision must match.
+void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, const rule& r, nanoseconds max_step) {
+  auto memory = make_memory_backend({.clock = &clock});
+  std::mt19937 rng(42);
+  std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
+  const std::int64_t max_cost = std::min<std::int64_t>(3, std::min(r.limit.capacity(), r.tenant ? r.tenant->capacity() : 3));
+  std::uniform_int_distribution<std::int64_t> cost(1, max_cost);
+  const std::string keys[] = {"alice", "bob"};
+  const std::string tenants[] = {"acme", "globex"};
+  int allowed = 0;
+  int refused = 0;
+  for (int i = 0; i < 300; ++i) {
+    // Mostly bursts at one instant, sometimes a pause.
+    if (rng() % 3 == 0) clock.advance(std::chrono::microseconds(step(rng)));
+    check_request req{.rule = &r, .key = keys[rng() % 2], .tenant = tenants[rng() % 2], .user = keys[rng() % 2],
+                      .cost = cost(rng)};
+    decision dr = expect_decision(redis.check(req));
+    decision dm = expect_decision(memory->check(req));
+    expect_same(dr, dm, r.name + " step " + std::to_string(i));
+    (dr.allowed ? allowed : refused)++;
+    if (::testing::Test::HasFailure()) return;
+  }
+  // The walk exercised both outcomes.
+  EXPECT_GT(allowed, 10);
+  EXPECT_GT(refused, 10);
+}
+
+TEST_F(RedisBackendTest, TokenBucketMatchesInProcess) {
+  auto b = make();
+  rule r{.name = "tb", .limit = token_bucket_policy(per_second(10), 5)};
+  compare_with_memory(*b, clock_, r, 400ms);
+}
+
+TEST_F(RedisBackendTest, SlidingWindowLogMatchesInProcess) {
+  auto b = make();
+  rule r{.name = "swl", .limit = sliding_window_policy(6, 1s)};
+  compare_with_memory(*b, clock_, r, 300ms);
+}
+
+TEST_F(RedisBackendTest, SlidingWindowCounterMatchesInProcess) {
+  auto b = make();
+  rule r{.name = "swc", .limit = sliding_window_counter_policy(8, 1s)};
+  compare_with_memory(*b, clock_, r, 300ms);
+}
+
+TEST_F(RedisBackendTest, FixedWindowMatchesInProcess) {
+  auto b = make();
+  rule r{.name = "fw", .limit = fixed_window_policy(7, 1s)};
+  compare_with_memory(*b, clock_, r, 300ms);
+}
+
+TEST_F(RedisBackendTest, DualLayerMatchesInProcess) {
+  auto b = make();
+  rule both_logs{.name = "dual", .limit = sliding_window_policy(4, 1s), .tenant = sliding_window_policy(6, 1s)};
+  compare_with_memory(*b, clock_, both_logs, 300ms);
+  rule mixed{.name = "mixed", .limit = token_bucket_policy(per_second(5), 3), .tenant = fixed_window_policy(7, 1s)};
+  compare_with_memory(*b, clock_, mixed, 300ms);
+  rule counters{.name = "counters", .limit = fixed_window_policy(3, 500ms), .tenant = sliding_window_counter_policy(5, 1s)};
+  compare_with_memory(*b, clock_, counters, 300ms);
+}
+
+TEST_F(RedisBackendTest, TokenBucketFigures) {
+  auto b = make();
+  rule r{.name = "api", .limit = token_bucket_policy(per_second(10), 5)};
+  for (int i = 4; i >= 0; --i) {
+    decision d = expect_decision(b->check({.rule = &r, .key = "u"}));
+    EXPECT_TRUE(d.allowed);
+    EXPECT_EQ(d.remaining, i);
+    EXPECT_EQ(d.reset_after, (5 - i) * 100ms);
+  }
+  decision refused = expect_decision(b->check({.rule = &r, .key = "u"}));
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.remaining, 0);
+  EXPECT_EQ(refused.retry_after, 100ms);
+  EXPECT_EQ(refused.reset_after, 500ms);
+  clock_.advance(100ms);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "u"})).allowed);
+  // A refusal takes nothing; one key is one string.
+  EXPECT_EQ(redis_->string({"TYPE", redis_detail::single_key("sluice:", "api", "u", algorithm::token_bucket)}), "string");
+}
+
+TEST_F(RedisBackendTest, SlidingWindowLogResetAtIsOldestPlusWindow) {
+  auto b = make();
+  rule r{.name = "ai", .limit = sliding_window_policy(3, 10s)};
+  const auto start = clock_.now();
+  for (int i = 0; i < 3; ++i) {
+    decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+    EXPECT_TRUE(d.allowed);
+    EXPECT_EQ(d.remaining, 2 - i);
+    clock_.advance(1s);
+  }
+  decision refused = expect_decision(b->check({.rule = &r, .key = "k"}));  // at start + 3 s
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.retry_after, 7s);   // oldest (start) + 10 s − now
+  EXPECT_EQ(refused.reset_after, 9s);   // newest (start + 2 s) + 10 s − now
+  clock_.set(start + 10s);              // the oldest leaves (now − W, now]
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+}
+
+TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
+  auto b = make();
+  rule r{.name = "burst", .limit = sliding_window_policy(10, 1min)};
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 2})).allowed);
+  const std::string key = redis_detail::single_key("sluice:", "burst", "k", algorithm::sliding_window_log);
+  EXPECT_EQ(redis_->integer({"ZCARD", key}), 8);
+  decision d = expect_decision(b->check({.rule = &r, .key = "k", .cost = 3}));
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.remaining, 2);
+  EXPECT_EQ(redis_->integer({"ZCARD", key}), 8);  // refused: not recorded
+}
+
+TEST_F(RedisBackendTest, FixedWindowCountsPerAlignedWindow) {
+  auto b = make();
+  rule r{.name = "quota", .limit = fixed_window_policy(2, 1min)};
+  // Move to the start of an aligned minute.
+  const auto minute = std::chrono::duration_cast<std::chrono::minutes>(clock_.now().time_since_epoch()) + 1min;
+  clock_.set(time_point(minute) + 10s);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, 50s);
+  clock_.advance(50s);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+}
+
+TEST_F(RedisBackendTest, EveryKeyHasATimeToLive) {
+  auto b = make();
+  rule tb{.name = "tb", .limit = token_bucket_policy(per_second(2), 10)};
+  rule swl{.name = "swl", .limit = sliding_window_policy(10, 30s)};
+  rule swc{.name = "swc", .limit = sliding_window_counter_policy(10, 30s)};
+  rule fw{.name = "fw", .limit = fixed_window_policy(10, 30s)};
+  rule dual{.name = "dual", .limit = sliding_window_policy(5, 30s), .tenant = token_bucket_policy(per_second(1), 20)};
+  for (const rule* r : {&tb, &swl, &swc, &fw, &dual}) {
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(expect_decision(b->check({.rule = r, .key = "k", .tenant = "t", .user = "u"})).allowed) << r->name;
+    }
+  }
+  auto keys = redis_->keys();
+  EXPECT_EQ(keys.size(), 6u);
+  for (const auto& k : keys) {
+    long long ttl = redis_->integer({"PTTL", k});
+    EXPECT_GT(ttl, 0) << k;
+    // No longer than the state needs: 60 s (two counter windows) at most here.
+    EXPECT_LE(ttl, 60'000) << k;
+  }
+  // The bucket's key lives until it is full again: 3 tokens at 2/s.
+  EXPECT_LE(redis_->integer({"PTTL", redis_detail::single_key("sluice:", "tb", "k", algorithm::token_bucket)}), 1500);
+}
+
+TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
+  auto b = make();
+  rule r{.name = "api", .limit = sliding_window_policy(2, 1min), .tenant = sliding_window_policy(3, 1min)};
+  const std::string tenant_key = redis_detail::tenant_key("sluice:", "api", "acme", algorithm::sliding_window_log);
+  const std::string alice_key = redis_detail::user_key("sluice:", "api", "acme", "alice", algorithm::sliding_window_log);
+  const std::string bob_key = redis_detail::user_key("sluice:", "api", "acme", "bob", algorithm::sliding_window_log);
+  auto check = [&](std::string_view user) {
+    return expect_decision(b->check({.rule = &r, .tenant = "acme", .user = user}));
+  };
+  EXPECT_TRUE(check("alice").allowed);
+  EXPECT_TRUE(check("alice").allowed);
+  decision user_refused = check("alice");
+  EXPECT_FALSE(user_refused.allowed);
+  EXPECT_EQ(user_refused.rejected_by, layer::user);
+  EXPECT_EQ(user_refused.tenant.remaining, 1);  // the tenant's last unit is untouched
+  EXPECT_EQ(redis_->integer({"ZCARD", tenant_key}), 2);
+
+  decision bob = check("bob");
+  EXPECT_TRUE(bob.allowed);
+  EXPECT_EQ(bob.tenant.remaining, 0);
+  EXPECT_EQ(bob.user.remaining, 1);
+  EXPECT_EQ(bob.remaining, 0);
+  decision tenant_refused = check("bob");
+  EXPECT_FALSE(tenant_refused.allowed);
+  EXPECT_EQ(tenant_refused.rejected_by, layer::tenant);
+  EXPECT_EQ(tenant_refused.user.remaining, 1);  // bob's quota is untouched
+  EXPECT_EQ(redis_->integer({"ZCARD", bob_key}), 1);
+  EXPECT_EQ(redis_->integer({"ZCARD", alice_key}), 2);
+  // Both keys of a tenant share one hash tag, hence one Cluster slot.
+  EXPECT_EQ(hash_tag(tenant_key), hash_tag(bob_key));
+  EXPECT_EQ(hash_tag(tenant_key), "acme");
+}
+
+TEST_F(RedisBackendTest, HostileIdsNeitherCollideNorBreakTheHashTag) {
+  auto b = make();
+  rule single{.name = "r", .limit = fixed_window_policy(1, 1min)};
+  rule dual{.name = "d", .limit = fixed_window_policy(1, 1min), .tenant = fixed_window_policy(100, 1min)};
+  const std::string binary("\x00\x01\xff{}\r\n", 7);
+  const std::vector<std::string> ids = {"a",     "a}:user:b", "a:user:b", "a}", "{a}", "a{b}", "a%7Db", "a%",
+                                        "a:b",   "a%3Ab",     "}",        "{",  ":",   "%",    " ",     binary,
+                                        "user",  "b",         std::string(max_key_length, 'x'), "\xe2\x82\xac"};
+  // Each distinct id has its own limit of 1: a collision would refuse the second one.
+  for (const auto& id : ids) {
+    EXPECT_TRUE(expect_decision(b->check({.rule = &single, .key = id})).allowed) << id;
+  }
+  for (const auto& tenant : ids) {
+    for (const auto& user : {std::string("b"), std::string("user:b"), std::string("}{")}) {
+      decision d = expect_decision(b->check({.rule = &dual, .tenant = tenant, .user = user}));
+      EXPECT_TRUE(d.allowed) << tenant << " / " << user;
+    }
+  }
+  auto keys = redis_->keys();
+  EXPECT_EQ(keys.size(), ids.size() + ids.size() + ids.size() * 3);
+  std::set<std::string> tags;
+  for (const auto& k : keys) {
+    // Exactly one hash tag per key, and it is the encoded id (or rule:id).
+    ASSERT_EQ(std::count(k.begin(), k.end(), '{'), 1) << k;
+    ASSERT_EQ(std::count(k.begin(), k.end(), '}'), 1) << k;
+    EXPECT_LT(k.find('{'), k.find('}'));
+    for (char c : k) EXPECT_TRUE(c > 0x20 && c < 0x7f) << k;
+  }
+  // A tenant's user keys share the tenant key's slot, whatever the ids.
+  const std::string hostile = "a}:user:b";
+  const std::string t = redis_detail::tenant_key("sluice:", "d", hostile, algorithm::fixed_window);
+  EXPECT_EQ(hash_tag(t), hash_tag(redis_detail::user_key("sluice:", "d", hostile, "}{", algorithm::fixed_window)));
+  EXPECT_EQ(hash_tag(t), "a%7D%3Auser%3Ab");
+  EXPECT_EQ(hash_tag(redis_detail::single_key("sluice:", "r", hostile, algorithm::fixed_window)), "r:a%7D%3Auser%3Ab");
+}
+
+// Every id of up to 3 bytes over an alphabet of the troublesome bytes: no two requests share a key,
+// whichever layout (single, tenant, user) they use.
+TEST(RedisKeyEncodingTest, DistinctRequestsNeverShareAKey) {
+  const std::string alphabet("{}:%\x00\xff rkt", 10);
+  std::vector<std::string> ids = {""};
+  for (std::size_t len = 1; len <= 3; ++len) {
+    std::vector<std::string> next;
+    for (const auto& id : ids) {
+      if (id.size() + 1 != len) continue;
+      for (char c : alphabet) next.push_back(id + c);
+    }
+    ids.insert(ids.end(), next.begin(), next.end());
+  }
+  ids.erase(ids.begin());  // empty ids are refused before any key is made
+  // key -> the request (layout, rule, id, id) that made it
+  using request = std::tuple<int, std::string, std::string, std::string>;
+  std::map<std::string, request> seen;
+  auto add = [&](const std::string& key, const request& r) {
+    auto [it, inserted] = seen.emplace(key, r);
+    EXPECT_TRUE(inserted || it->second == r) << "two requests share " << key;
+  };
+  for (const auto& a : ids) {
+    add(redis_detail::single_key("p:", "r", a, algorithm::fixed_window), {0, "r", a, ""});
+    add(redis_detail::single_key("p:", a, "k", algorithm::fixed_window), {0, a, "k", ""});
+    add(redis_detail::tenant_key("p:", "r", a, algorithm::fixed_window), {1, "r", a, ""});
+    add(redis_detail::tenant_key("p:", a, "t", algorithm::fixed_window), {1, a, "t", ""});
+    add(redis_detail::user_key("p:", "r", a, "u", algorithm::fixed_window), {2, "r", a, "u"});
+    add(redis_detail::user_key("p:", "r", "t", a, algorithm::fixed_window), {2, "r", "t", a});
+    add(redis_detail::user_key("p:", a, "t", "u", algorithm::fixed_window), {2, a, "t", "u"});
+  }
+  std::set<request> distinct;
+  for (const auto& [key, r] : seen) distinct.insert(r);
+  EXPECT_EQ(seen.size(), distinct.size());
+  EXPECT_GT(seen.size(), ids.size() * 6);
+  // The algorithm is part of the key: a rule changing algorithm never reads the old state.
+  EXPECT_NE(redis_detail::single_key("p:", "r", "k", algorithm::fixed_window),
+            redis_detail::single_key("p:", "r", "k", algorithm::sliding_window_counter));
+}
+
+TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {
+  auto b = make();
+  rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
+  rule dual{.name = "d", .limit = fixed_window_policy(1, 1min), .tenant = fixed_window_policy(1, 1min)};
+  const std::string huge(10 * 1024, 'k');
+  auto too_long = b->check({.rule = &r, .key = huge});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_EQ(too_long.error(), errc::key_too_long);
+  auto empty = b->check({.rule = &r, .key = ""});
+  ASSERT_FALSE(empty.ok());
+  EXPECT_EQ(empty.error(), errc::invalid_argument);
+  EXPECT_FALSE(b->check({.rule = &dual, .tenant = huge, .user = "u"}).ok());
+  EXPECT_FALSE(b->check({.rule = &dual, .tenant = "t", .user = huge}).ok());
+  EXPECT_FALSE(b->check({.rule = &dual, .tenant = "", .user = "u"}).ok());
+  EXPECT_FALSE(b->check({.rule = &r, .key = "k", .cost = 6}).ok());
+  EXPECT_FALSE(b->check({.rule = &r, .key = "k", .cost = 0}).ok());
+  EXPECT_FALSE(b->check({.rule = nullptr, .key = "k"}).ok());
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
+  EXPECT_EQ(b->stats().checks, 0u);
+}
+
+TEST_F(RedisBackendTest, ScriptsComeBackAfterScriptFlush) {
+  auto b = make();
+  rule r{.name = "r", .limit = sliding_window_policy(100, 1min)};
+  rule dual{.name = "d", .limit = token_bucket_policy(per_second(1), 10), .tenant = fixed_window_policy(100, 1min)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  redis_->command({"SCRIPT", "FLUSH"});
+  decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.source, decision_source::limiter);
+  EXPECT_EQ(d.remaining, 98);
+  EXPECT_EQ(expect_decision(b->check({.rule = &dual, .tenant = "t", .user = "u"})).source, decision_source::limiter);
+  EXPECT_GE(b->stats().script_reloads, 1u);
+  // Reloaded once: later checks use EVALSHA again.
+  auto reloads = b->stats().script_reloads;
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_EQ(b->stats().script_reloads, reloads);
+}
+
+TEST_F(RedisBackendTest, SelectsTheConfiguredDatabase) {
+  auto b = make({.database = 3});
+  rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
+  EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = "k"})).source, decision_source::limiter);
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
+  redis_->command({"SELECT", "3"});
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 1);
+  redis_->command({"SELECT", "0"});
+}
+
+TEST_F(RedisBackendTest, BlockingCheckOnTheIoThreadIsAnErrorNotADeadlock) {
+  auto b = make();
+  rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
+  std::promise<result<decision>> inner;
+  b->async_check({.rule = &r, .key = "k"}, [&](result<decision>) { inner.set_value(b->check({.rule = &r, .key = "k"})); });
+  auto got = inner.get_future().get();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error(), errc::invalid_argument);
+}
+
+TEST_F(RedisBackendTest, InvalidOptionsAreErrors) {
+  EXPECT_FALSE(make_redis_backend({.addresses = {}}).ok());
+  EXPECT_FALSE(make_redis_backend({.addresses = {"localhost"}}).ok());
+  EXPECT_FALSE(make_redis_backend({.addresses = {"localhost:0"}}).ok());
+  EXPECT_FALSE(make_redis_backend({.addresses = {"localhost:99999"}}).ok());
+  EXPECT_FALSE(make_redis_backend({.key_prefix = "app{x}:"}).ok());
+  EXPECT_FALSE(make_redis_backend({.command_timeout = 0ms}).ok());
+  EXPECT_FALSE(make_redis_backend({.max_pending = 0}).ok());
+}
+
+TEST_F(RedisBackendTest, CompletionTokens) {
+  auto b = make();
+  auto memory = make_memory_backend({.clock = &clock_});
+  rule r{.name = "r", .limit = fixed_window_policy(100, 1min)};
+  check_request req{.rule = &r, .key = "k"};
+  for (backend* be : {static_cast<backend*>(b.get()), static_cast<backend*>(memory.get())}) {
+    // use_future
+    std::future<result<decision>> f = async_check(*be, req, boost::asio::use_future);
+    EXPECT_TRUE(expect_decision(f.get()).allowed);
+    // callback and use_awaitable on an io_context the test runs
+    boost::asio::io_context io;
+    std::atomic<int> callbacks{0};
+    async_check(*be, req, [&](result<decision> d) {
+      EXPECT_TRUE(expect_decision(std::move(d)).allowed);
+      ++callbacks;
+    });
+    std::int64_t remaining = -1;
+    boost::asio::co_spawn(
+        io,
+        [&]() -> boost::asio::awaitable<void> {
+          result<decision> d = co_await async_check(*be, req, boost::asio::use_awaitable);
+          remaining = expect_decision(std::move(d)).remaining;
+        },
+        boost::asio::detached);
+    io.run();  // returns once the awaited check completed (its work guard kept io running)
+    EXPECT_GE(remaining, 0);
+    // The plain callback ran on its own executor (system), so wait for it boundedly.
+    for (int i = 0; i < 200 && callbacks == 0; ++i) std::this_thread::sleep_for(10ms);
+    EXPECT_EQ(callbacks.load(), 1);
+  }
+}
+
+TEST_F(RedisBackendTest, AsyncChecksArePipelinedAndAllComplete) {
+  auto b = make();
+  rule r{.name = "r", .limit = sliding_window_policy(500, 1min)};
+  std::atomic<int> allowed{0};
+  std::atomic<int> done{0};
+  std::promise<void> all;
+  constexpr int n = 2000;
+  for (int i = 0; i < n; ++i) {
+    b->async_check({.rule = &r, .key = "k"}, [&](result<decision> d) {
+      if (d.ok() && d->allowed && d->source == decision_source::limiter) allowed.fetch_add(1);
+      if (done.fetch_add(1) + 1 == n) all.set_value();
+    });
+  }
+  all.get_future().wait();
+  EXPECT_EQ(allowed.load(), 500);
+  EXPECT_EQ(b->stats().pending, 0u);
+  EXPECT_EQ(b->stats().redis_decisions, static_cast<std::uint64_t>(n));
+}
+
+TEST_F(RedisBackendTest, RunsOnTheCallersIoContext) {
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  rule r{.name = "r", .limit = fixed_window_policy(2, 1min)};
+  {
+    auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
+    ASSERT_TRUE(b.ok());
+    EXPECT_TRUE(expect_decision((*b)->check({.rule = &r, .key = "k"})).allowed);
+    std::future<result<decision>> f = async_check(**b, {.rule = &r, .key = "k"}, boost::asio::use_future);
+    EXPECT_EQ(expect_decision(f.get()).remaining, 0);
+  }  // destroyed while the io_context runs
+  work.reset();
+  runner.join();
+}
+
+TEST_F(RedisBackendTest, ResolvesHostNames) {
+  auto b = make_redis_backend({.addresses = {"localhost:" + std::to_string(redis_->port())}, .command_timeout = 2s});
+  ASSERT_TRUE(b.ok());
+  rule r{.name = "r", .limit = fixed_window_policy(2, 1min)};
+  // Checks issued while the name resolves wait for the connection instead of failing.
+  decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+  EXPECT_EQ(d.source, decision_source::limiter);
+}
+
+TEST_F(RedisBackendTest, InvalidRulesAreErrorsAndSendNothing) {
+  auto b = make();
+  rule zero_window{.name = "z", .limit = {.algorithm = algorithm::fixed_window, .limit = 5}};
+  rule nan_rate{.name = "n", .limit = token_bucket_policy(per_second(std::nan("")), 5)};
+  EXPECT_FALSE(b->check({.rule = &zero_window, .key = "k"}).ok());
+  EXPECT_FALSE(b->check({.rule = &nan_rate, .key = "k"}).ok());
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
+}
+
+TEST_F(RedisBackendTest, DegenerateBuckets) {
+  auto b = make();
+  rule empty{.name = "empty", .limit = token_bucket_policy(per_second(10), 0)};
+  decision d = expect_decision(b->check({.rule = &empty, .key = "k"}));
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.retry_after, never);
+  rule unlimited{.name = "inf", .limit = token_bucket_policy(rate::infinite(), 3)};
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k", .cost = 3})).allowed);
+  rule no_refill{.name = "zero", .limit = token_bucket_policy(per_second(0), 2)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
+  decision spent = expect_decision(b->check({.rule = &no_refill, .key = "k"}));
+  EXPECT_FALSE(spent.allowed);
+  EXPECT_GT(spent.retry_after, std::chrono::hours(24 * 365 * 50));  // "practically never", as in process
+  // Same as in process.
+  auto memory = make_memory_backend({.clock = &clock_});
+  memory->check({.rule = &no_refill, .key = "k"}).value();
+  memory->check({.rule = &no_refill, .key = "k"}).value();
+  decision local = memory->check({.rule = &no_refill, .key = "k"}).value();
+  EXPECT_LE(std::chrono::abs(local.retry_after - spent.retry_after), 1us);
+  for (const auto& k : redis_->keys()) EXPECT_GT(redis_->integer({"PTTL", k}), 0) << k;
+}
+
+class RedisAuthTest : public ::testing::Test {};
+
+TEST_F(RedisAuthTest, RequirePassAndAclUser) {
+  redis_server redis({"--requirepass", "s3cret"});
+  redis.set_password("", "s3cret");
+  redis.command({"ACL", "SETUSER", "limiter", "on", ">limiter-pw", "~sluice:*", "+@all"});
+  rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
+  {
+    auto b = make_redis_backend({.addresses = {redis.address()}, .password = "s3cret", .command_timeout = 2s});
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(expect_decision((*b)->check({.rule = &r, .key = "k"})).source, decision_source::limiter);
+    EXPECT_TRUE((*b)->ready());
+  }
+  {
+    auto b = make_redis_backend(
+        {.addresses = {redis.address()}, .username = "limiter", .password = "limiter-pw", .command_timeout = 2s});
+    ASSERT_TRUE(b.ok());
+    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    EXPECT_EQ(d.source, decision_source::limiter);
+    EXPECT_EQ(d.remaining, 3);
+  }
+  {
+    // Wrong password: Redis refuses, the decision follows on_error, nothing crashes.
+    auto b = make_redis_backend({.addresses = {redis.address()}, .password = "wrong", .command_timeout = 2s});
+    ASSERT_TRUE(b.ok());
+    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    EXPECT_EQ(d.source, decision_source::fail_open);
+    EXPECT_TRUE(d.allowed);
+    EXPECT_FALSE((*b)->ready());
+  }
+  {
+    // No password at all.
+    auto b = make_redis_backend({.addresses = {redis.address()}, .command_timeout = 2s, .on_error = failure_policy::deny});
+    ASSERT_TRUE(b.ok());
+    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    EXPECT_EQ(d.source, decision_source::fail_closed);
+    EXPECT_FALSE(d.allowed);
+  }
+}
+
+}  // namespace
+}  // namespace sluice

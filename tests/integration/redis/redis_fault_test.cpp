@@ -1,0 +1,278 @@
+// The Redis backend when Redis fails: killed under load, restarted, too slow (DEBUG SLEEP), down at
+// start-up, flooded. Decisions follow on_error within the command timeout, the circuit breaker stops
+// paying the timeout, the backend reconnects by itself, waiting checks stay bounded.
+//
+// These tests measure elapsed time against the command timeout because that bound is the contract
+// under test; the margins are wide enough for sanitizer builds on a loaded machine.
+#include "sluice/redis_backend.hpp"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <future>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "integration/redis/redis_server.hpp"
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+using steady = std::chrono::steady_clock;
+using testing::redis_server;
+
+// Time beyond command_timeout a check may take to come back (scheduling, sanitizers).
+constexpr auto margin = 400ms;
+
+const rule window_rule{.name = "api", .limit = sliding_window_policy(1'000'000, 1min)};
+
+redis_options fast_options(const redis_server& redis) {
+  return {.addresses = {redis.address()},
+          .command_timeout = 50ms,
+          .breaker_failure_threshold = 3,
+          .breaker_probe_interval = 100ms,
+          .error_log_interval = 1s};
+}
+
+// Polls (bounded) until a check is decided by Redis again; returns how long that took.
+std::optional<steady::duration> time_until_redis_decides(backend& b, steady::duration limit) {
+  const auto start = steady::now();
+  while (steady::now() - start < limit) {
+    auto d = b.check({.rule = &window_rule, .key = "probe"});
+    if (d && d->source == decision_source::limiter) return steady::now() - start;
+    std::this_thread::sleep_for(10ms);
+  }
+  return std::nullopt;
+}
+
+TEST(RedisFaultTest, KilledUnderLoadThenRestarted) {
+  redis_server redis;
+  auto b = make_redis_backend(fast_options(redis));
+  ASSERT_TRUE(b.ok());
+  auto& backend = **b;
+  ASSERT_TRUE(time_until_redis_decides(backend, 5s).has_value());
+
+  std::atomic<bool> stop{false};
+  std::atomic<long> decided{0}, failed_open{0}, errors{0};
+  std::atomic<long long> slowest_ns{0};
+  std::vector<std::thread> load;
+  for (int t = 0; t < 4; ++t) {
+    load.emplace_back([&] {
+      for (long i = 0; i < 2'000'000 && !stop.load(); ++i) {  // bounded
+        const auto start = steady::now();
+        auto d = backend.check({.rule = &window_rule, .key = "k" + std::to_string(i % 100)});
+        const long long took = (steady::now() - start).count();
+        long long prev = slowest_ns.load();
+        while (took > prev && !slowest_ns.compare_exchange_weak(prev, took)) {
+        }
+        if (!d) {
+          errors.fetch_add(1);
+        } else if (d->source == decision_source::limiter) {
+          decided.fetch_add(1);
+        } else if (d->source == decision_source::fail_open && d->allowed) {
+          failed_open.fetch_add(1);
+        }
+      }
+    });
+  }
+  std::this_thread::sleep_for(200ms);
+  redis.kill();
+  std::this_thread::sleep_for(500ms);
+  const auto stats_down = backend.stats();
+  EXPECT_TRUE(stats_down.circuit_open);
+  EXPECT_LE(stats_down.pending, 10'000u);
+  redis.restart();
+  auto back = time_until_redis_decides(backend, 2s);
+  stop = true;
+  for (auto& th : load) th.join();
+
+  ASSERT_TRUE(back.has_value()) << "no Redis decision within 2 s of the restart";
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_GT(decided.load(), 0);
+  EXPECT_GT(failed_open.load(), 0);
+  EXPECT_LE(std::chrono::nanoseconds(slowest_ns.load()), 50ms + margin);
+  const auto s = backend.stats();
+  EXPECT_GE(s.circuit_opens, 1u);
+  EXPECT_GE(s.connects, 2u);
+  EXPECT_FALSE(s.circuit_open);
+  EXPECT_EQ(s.fail_open, s.timeouts + s.unavailable + s.protocol_errors + s.overloaded);
+}
+
+TEST(RedisFaultTest, DebugSleepTakesTheTimeoutPathThenTheBreakerFailsFast) {
+  redis_server redis;
+  auto b = make_redis_backend(fast_options(redis));
+  ASSERT_TRUE(b.ok());
+  auto& backend = **b;
+  ASSERT_TRUE(time_until_redis_decides(backend, 5s).has_value());
+
+  auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "1.5"}); });
+  std::this_thread::sleep_for(100ms);  // let the server fall asleep
+
+  // Each check waits at most the command timeout, then follows on_error.
+  for (int i = 0; i < 3; ++i) {
+    const auto start = steady::now();
+    auto d = backend.check({.rule = &window_rule, .key = "k"});
+    const auto took = steady::now() - start;
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->source, decision_source::fail_open);
+    EXPECT_TRUE(d->allowed);
+    EXPECT_LE(took, 50ms + margin);
+  }
+  auto s = backend.stats();
+  EXPECT_GE(s.timeouts, 3u);
+  EXPECT_TRUE(s.circuit_open);
+  // The circuit is open: checks no longer wait for the timeout.
+  const auto start = steady::now();
+  for (int i = 0; i < 20; ++i) {
+    auto d = backend.check({.rule = &window_rule, .key = "k"});
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->source, decision_source::fail_open);
+  }
+  EXPECT_LT(steady::now() - start, 20 * 50ms);
+  sleeper.get();
+  EXPECT_TRUE(time_until_redis_decides(backend, 3s).has_value());
+}
+
+TEST(RedisFaultTest, OnErrorDenyAndLocal) {
+  redis_server redis;
+  const std::string address = redis.address();
+  redis.kill();  // nothing listens there now
+  rule r{.name = "r", .limit = fixed_window_policy(2, std::chrono::hours(1))};
+  rule dual{.name = "d", .limit = fixed_window_policy(2, std::chrono::hours(1)), .tenant = fixed_window_policy(3, std::chrono::hours(1))};
+  {
+    auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::deny});
+    ASSERT_TRUE(b.ok());
+    auto d = (*b)->check({.rule = &r, .key = "k"});
+    ASSERT_TRUE(d.ok());
+    EXPECT_FALSE(d->allowed);
+    EXPECT_EQ(d->source, decision_source::fail_closed);
+    EXPECT_GT(d->retry_after, 0ns);
+    EXPECT_FALSE((*b)->ready());
+  }
+  {
+    auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::local});
+    ASSERT_TRUE(b.ok());
+    for (int i = 0; i < 2; ++i) {
+      auto d = (*b)->check({.rule = &r, .key = "k"});
+      ASSERT_TRUE(d.ok());
+      EXPECT_TRUE(d->allowed);
+      EXPECT_EQ(d->source, decision_source::local_fallback);
+    }
+    auto refused = (*b)->check({.rule = &r, .key = "k"});
+    ASSERT_TRUE(refused.ok());
+    EXPECT_FALSE(refused->allowed);
+    EXPECT_EQ(refused->source, decision_source::local_fallback);
+    // Dual-layer rules fall back too, with both layers.
+    auto d = (*b)->check({.rule = &dual, .tenant = "t", .user = "u"});
+    ASSERT_TRUE(d.ok());
+    EXPECT_TRUE(d->dual_layer);
+    EXPECT_EQ(d->tenant.limit, 3);
+    EXPECT_EQ(d->source, decision_source::local_fallback);
+    EXPECT_GE((*b)->stats().local_fallback, 4u);
+  }
+}
+
+TEST(RedisFaultTest, StartsWhileRedisIsDownAndConnectsWhenItComes) {
+  redis_server redis;
+  redis.kill();
+  auto b = make_redis_backend(fast_options(redis));
+  ASSERT_TRUE(b.ok());
+  auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->source, decision_source::fail_open);
+  EXPECT_FALSE((*b)->ready());
+  redis.restart();
+  EXPECT_TRUE(time_until_redis_decides(**b, 2s).has_value());
+  EXPECT_TRUE((*b)->ready());
+}
+
+TEST(RedisFaultTest, WaitingChecksAreBounded) {
+  redis_server redis;
+  auto o = fast_options(redis);
+  o.max_pending = 8;
+  o.command_timeout = 500ms;
+  auto b = make_redis_backend(o);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(time_until_redis_decides(**b, 5s).has_value());
+  auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "0.3"}); });
+  std::this_thread::sleep_for(100ms);
+  constexpr int n = 100;
+  std::atomic<int> done{0};
+  std::atomic<int> overloaded_open{0};
+  std::promise<void> all;
+  for (int i = 0; i < n; ++i) {
+    (*b)->async_check({.rule = &window_rule, .key = "k"}, [&](result<decision> d) {
+      if (d && d->source == decision_source::fail_open) overloaded_open.fetch_add(1);
+      if (done.fetch_add(1) + 1 == n) all.set_value();
+    });
+  }
+  EXPECT_LE((*b)->stats().pending, 8u);
+  EXPECT_GE((*b)->stats().overloaded, static_cast<std::uint64_t>(n - 8));
+  ASSERT_EQ(all.get_future().wait_for(5s), std::future_status::ready);
+  EXPECT_GE(overloaded_open.load(), n - 8);
+  sleeper.get();
+  EXPECT_EQ((*b)->stats().pending, 0u);
+}
+
+TEST(RedisFaultTest, DestroyingTheBackendCompletesEveryWaitingCheck) {
+  redis_server redis;
+  auto o = fast_options(redis);
+  o.command_timeout = 5s;
+  std::atomic<int> done{0};
+  {
+    auto b = make_redis_backend(o);
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(time_until_redis_decides(**b, 5s).has_value());
+    auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "0.5"}); });
+    std::this_thread::sleep_for(100ms);
+    for (int i = 0; i < 10; ++i) {
+      (*b)->async_check({.rule = &window_rule, .key = "k"}, [&](result<decision> d) {
+        EXPECT_TRUE(d.ok());
+        done.fetch_add(1);
+      });
+    }
+    b.value().reset();  // destroyed with 10 checks waiting on a sleeping Redis
+    EXPECT_EQ(done.load(), 10);
+    sleeper.get();
+  }
+}
+
+TEST(RedisFaultTest, ErrorsAreLoggedAtMostOncePerIntervalWithTheirCount) {
+  redis_server redis;
+  const std::string address = redis.address();
+  redis.kill();
+  std::ostringstream out;
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+  {
+    auto b = make_redis_backend({.addresses = {address},
+                                 .breaker_probe_interval = std::chrono::hours(1),  // no reconnect noise
+                                 .error_log_interval = 500ms});
+    ASSERT_TRUE(b.ok());
+    for (int i = 0; i < 50; ++i) EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
+    std::this_thread::sleep_for(600ms);
+    EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
+    EXPECT_EQ((*b)->stats().unavailable, 51u);
+  }
+  spdlog::set_default_logger(previous);
+  // 52 errors (the failed connection, 51 checks): a few lines, whose counts add up.
+  const std::string log = out.str();
+  const std::regex report(R"(\((\d+) error\(s\) since the last report\))");
+  int lines = 0;
+  int total = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), report); it != std::sregex_iterator(); ++it) {
+    ++lines;
+    total += std::stoi((*it)[1]);
+  }
+  EXPECT_GE(lines, 2) << log;
+  EXPECT_LE(lines, 3) << log;
+  EXPECT_EQ(total, 52) << log;
+}
+
+}  // namespace
+}  // namespace sluice
