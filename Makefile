@@ -30,7 +30,7 @@ test-asan:
 
 test-tsan:
 	cmake --preset tsan >/dev/null
-	$(BUILD) build-tsan -j$(JOBS)
+	$(BUILD) build-tsan -j$(JOBS) --target concurrency_tests
 	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j$(JOBS) -L concurrency
 
 test-release: build

@@ -48,6 +48,7 @@ std::vector<header_field> rate_limit_headers(const decision& d, const rule& r,
                                              std::chrono::system_clock::time_point wall_now,
                                              const header_options& options) {
   std::vector<header_field> fields;
+  fields.reserve(6);  // one allocation for every field this function can add
   std::int64_t reset_s = ceil_seconds(d.reset_after);
   std::int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
   if (options.legacy_fields) {
