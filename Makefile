@@ -16,8 +16,15 @@ build: deps
 	cmake --preset release >/dev/null
 	$(BUILD) build -j$(JOBS)
 
+# sluiced on 127.0.0.1:8080 with the in-process backend: nothing else to start.
 run: build
-	./build/tools/sluice-demo
+	@echo "sluiced on http://127.0.0.1:8080 (Ctrl-C stops). Try:"
+	@echo "  curl -si -d '{\"rule\":\"api\",\"key\":\"user:42\"}' http://127.0.0.1:8080/v1/check"
+	@echo "  curl -si -d '{\"rule\":\"tenant_api\",\"tenant\":\"acme\",\"user\":\"bob\"}' http://127.0.0.1:8080/v1/check"
+	@echo "  curl -s -d '{\"checks\":[{\"key\":\"a\"},{\"rule\":\"ai\",\"key\":\"b\",\"cost\":5}]}' http://127.0.0.1:8080/v1/check"
+	@echo "  curl -s http://127.0.0.1:8080/metrics | grep sluice_"
+	@echo "  ./build/tools/sluice-demo    # the core on simulated time: the r=5/s, b=60 walk-through"
+	./build/src/server/sluiced --config examples/sluice.toml
 
 # Unit and integration tests under ASan+UBSan, concurrency tests under TSan, then the release build's
 # own tests (install + find_package consumer).
@@ -39,6 +46,8 @@ test-release: build
 bench: build
 	./build/bench/core_benchmark --benchmark_min_time=0.2
 	bench/redis/run.sh build/bench/redis_benchmark
+	bench/server/run.sh build/src/server/sluiced
+	bench/http/run.sh build/examples/notes_beast
 
 # The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
 bench-peers: build

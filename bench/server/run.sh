@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# sluiced vs nginx limit_req, same machine, same run, same load generator.
+#
+# wrk (64 connections, ids spread over 100,000 keys) against:
+#   1. sluiced, memory backend: POST /v1/check {"rule":"bench","key":"user:N"}
+#   2. nginx: limit_req keyed on the X-User-Id header over the same ids, serving a small static
+#      file (limit_req does not apply to a location that answers with `return`)
+#   3. sluiced, Redis backend (when redis-server is installed), on a sliding-window-log rule: the
+#      same script whose ceiling bench/redis/run.sh measures with redis-benchmark
+# and prints requests/s and p99 latency of each, plus sluiced's share of nginx's requests/s.
+#
+#   bench/server/run.sh [SLUICED]          # default: build/src/server/sluiced (a Release build)
+#   DURATION=10s CONNECTIONS=64 WRK_THREADS=2 bench/server/run.sh
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+sluiced="${1:-$root/build/src/server/sluiced}"
+duration="${DURATION:-10s}"
+connections="${CONNECTIONS:-64}"
+wrk_threads="${WRK_THREADS:-2}"
+[ -x "$sluiced" ] || { echo "no sluiced at $sluiced (build it first: make build)" >&2; exit 1; }
+for tool in wrk nginx python3; do
+  command -v "$tool" >/dev/null || { echo "$tool is required (scripts/deps installs it)" >&2; exit 1; }
+done
+
+work="$(mktemp -d)"
+chmod 755 "$work"  # nginx workers (user nobody when started as root) read the static file
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() {  # wait_http URL: until it answers, at most 10 s
+  for _ in $(seq 1 200); do
+    curl -s -o /dev/null "$1" && return 0
+    sleep 0.05
+  done
+  echo "nothing answers at $1" >&2
+  return 1
+}
+
+# The same limit on both sides: 100 per second per id, bursts of 100. At these request rates each
+# of the 100,000 ids is asked about less than once a second, so both admit nearly everything and
+# the comparison is of the decision path, not of 429 handling.
+rule='[[rules]]
+name = "bench"
+algorithm = "token_bucket"
+rate = 100
+burst = 100'
+
+window_rule='[[rules]]
+name = "bench_window"
+algorithm = "sliding_window"
+limit = 1000
+window = "60s"'
+
+results=()
+run_wrk() {  # run_wrk NAME URL SCRIPT [RULE]
+  local name="$1" url="$2" script="$3" rule_name="${4:-bench}" out
+  out="$(RULE="$rule_name" wrk -t"$wrk_threads" -c"$connections" -d"$duration" --latency -s "$script" "$url")"
+  echo "$out" >"$work/$name.wrk"
+  local rps p99 non2xx
+  rps="$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")"
+  p99="$(awk '$1 == "99%" {print $2}' <<<"$out")"
+  non2xx="$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")"
+  results+=("$name|$rps|$p99|${non2xx:-0}")
+}
+
+# --- 1. sluiced, memory backend ----------------------------------------------------------------
+port="$(free_port)"
+cat >"$work/memory.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+threads = 0
+[backend]
+type = "memory"
+$rule
+TOML
+"$sluiced" --config "$work/memory.toml" 2>"$work/sluiced-memory.log" &
+pids+=($!)
+wait_http "http://127.0.0.1:$port/healthz"
+run_wrk "sluiced (memory)" "http://127.0.0.1:$port" "$here/check.lua"
+kill "${pids[-1]}"; wait "${pids[-1]}" || true
+
+# --- 2. nginx limit_req ------------------------------------------------------------------------
+nport="$(free_port)"
+mkdir -p "$work/nginx/html" "$work/nginx/logs" "$work/nginx/tmp"
+printf 'ok\n' >"$work/nginx/html/index.html"
+cat >"$work/nginx/nginx.conf" <<NGINX
+worker_processes auto;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $work/nginx/tmp/body;
+  proxy_temp_path $work/nginx/tmp/proxy;
+  fastcgi_temp_path $work/nginx/tmp/fastcgi;
+  uwsgi_temp_path $work/nginx/tmp/uwsgi;
+  scgi_temp_path $work/nginx/tmp/scgi;
+  limit_req_zone \$http_x_user_id zone=ids:32m rate=100r/s;
+  limit_req_status 429;
+  server {
+    listen 127.0.0.1:$nport;
+    root $work/nginx/html;
+    location / {
+      limit_req zone=ids burst=100 nodelay;
+    }
+  }
+}
+NGINX
+nginx -p "$work/nginx" -c "$work/nginx/nginx.conf" -g 'daemon off;' 2>"$work/nginx/logs/stderr.log" &
+pids+=($!)
+wait_http "http://127.0.0.1:$nport/index.html"
+run_wrk "nginx limit_req" "http://127.0.0.1:$nport" "$here/nginx.lua"
+kill "${pids[-1]}"; wait "${pids[-1]}" || true
+
+# --- 3. sluiced, Redis backend -----------------------------------------------------------------
+if command -v redis-server >/dev/null; then
+  rport="$(free_port)"
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
+  pids+=($!)
+  sleep 0.2
+  port="$(free_port)"
+  cat >"$work/redis.toml" <<TOML
+[server]
+listen = "127.0.0.1:$port"
+[backend]
+type = "redis"
+addresses = ["127.0.0.1:$rport"]
+timeout_ms = 200
+$rule
+$window_rule
+TOML
+  if "$sluiced" --check-config --config "$work/redis.toml" >/dev/null 2>&1; then
+    "$sluiced" --config "$work/redis.toml" 2>"$work/sluiced-redis.log" &
+    pids+=($!)
+    wait_http "http://127.0.0.1:$port/healthz"
+    run_wrk "sluiced (redis)" "http://127.0.0.1:$port" "$here/check.lua" bench_window
+    curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_checks_total{rule="bench_window",result="allowed"}' ||
+      { echo "the Redis run did not check rule bench_window" >&2; exit 1; }
+    if curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_fail_open_total [1-9]'; then
+      echo "warning: some Redis checks failed open during the run" >&2
+    fi
+  fi
+fi
+
+echo
+echo "wrk -t$wrk_threads -c$connections -d$duration, ids over 100,000 keys, $(nproc) cores"
+printf '%-18s %12s %10s %10s\n' "target" "requests/s" "p99" "non-2xx"
+for r in "${results[@]}"; do
+  IFS='|' read -r name rps p99 non2xx <<<"$r"
+  printf '%-18s %12s %10s %10s\n' "$name" "$rps" "$p99" "$non2xx"
+done
+mem_rps="$(cut -d'|' -f2 <<<"${results[0]}")"
+nginx_rps="$(cut -d'|' -f2 <<<"${results[1]}")"
+awk -v a="$mem_rps" -v b="$nginx_rps" 'BEGIN { printf "sluiced (memory) / nginx: %.0f%% of nginx requests/s (target >= 80%%)\n", 100 * a / b }'

@@ -1,0 +1,124 @@
+// sluice/config.hpp — sluiced's configuration: rules, server, backend and HTTP settings from TOML.
+//
+// Two forms are accepted, alone or together in one file. The short form defines the rule `default`:
+//
+//   [ratelimit]
+//   enabled = true
+//   algorithm = "sliding_window"   # token_bucket | sliding_window | sliding_window_counter | fixed_window
+//   token_rate = 10                # token bucket: tokens per second
+//   token_burst = 20               # token bucket: bucket size
+//   window = 60                    # windows: seconds, or "250ms", "60s", "5m", "1h", "1d"
+//   limit = 100                    # windows: admissions per window
+//
+// The full form has [server], [backend], [http] and any number of [[rules]] (see examples/sluice.toml).
+// Any unknown key, wrong type, missing field or impossible value is an error whose message starts
+// with "file:line:column: ".
+//
+//   sluice::result<sluice::config> c = sluice::load_config("/etc/sluice/sluice.toml");
+//   if (!c) { std::cerr << c.error().message << '\n'; return 2; }
+//   for (const sluice::rule& r : c->rules) ...
+//
+// Thread-safe: free functions over values.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/backend.hpp"
+#include "sluice/error.hpp"
+#include "sluice/policy.hpp"
+
+namespace sluice {
+
+/// Where limiter state lives.
+enum class backend_type : std::uint8_t { memory, redis, redis_cluster };
+
+std::string_view to_string(backend_type t) noexcept;
+
+/// [server]
+struct server_settings {
+  /// "host:port" (IPv6 as "[::1]:8080") to listen on. Default: "127.0.0.1:8080".
+  std::string listen = "127.0.0.1:8080";
+  /// I/O threads; 0 means one per core. Default: 0.
+  unsigned threads = 0;
+  /// Log every refusal as `rate_limited=true rule=... user=...`. Default: false.
+  /// Also accepted as `log_rejections` in [ratelimit].
+  bool log_rejections = false;
+  /// How often the config file's modification time is checked for a reload; 0 disables the
+  /// watch (SIGHUP still reloads). Default: 1 s.
+  std::chrono::milliseconds watch_interval{1000};
+  /// How long SIGTERM waits for in-flight requests before exiting anyway. Default: 10 s.
+  std::chrono::milliseconds drain_timeout{10'000};
+  /// At most this many distinct tenant label values in /metrics; later tenants count as "other".
+  /// Default: 100.
+  std::size_t max_tenant_labels = 100;
+};
+
+/// [backend]
+struct backend_settings {
+  /// memory | redis | redis_cluster. Default: memory.
+  backend_type type = backend_type::memory;
+  /// Redis "host:port" addresses. Default: {"127.0.0.1:6379"}.
+  std::vector<std::string> addresses{"127.0.0.1:6379"};
+  /// Redis ACL user; empty for none. Default: "".
+  std::string username;
+  /// Redis password; empty for none. Default: "".
+  std::string password;
+  /// Redis database number. Default: 0.
+  int database = 0;
+  /// Prefix of every Redis key. Default: "sluice:".
+  std::string key_prefix = "sluice:";
+  /// Redis command timeout (`timeout_ms`). Default: 50 ms.
+  std::chrono::milliseconds command_timeout{50};
+  /// Redis connect timeout (`connect_timeout_ms`). Default: 1000 ms.
+  std::chrono::milliseconds connect_timeout{1000};
+  /// What a check does when Redis cannot answer (`on_error`: allow | deny | local). Default: allow.
+  failure_policy on_error = failure_policy::allow;
+  /// Most checks waiting on Redis at once; beyond it checks fail with backend_overloaded. Default: 10000.
+  std::size_t max_pending = 10'000;
+  /// Memory backend: hard cap on live keys per rule. Default: 1,000,000.
+  std::size_t max_keys_per_rule = 1'000'000;
+};
+
+/// [http]
+struct http_settings {
+  /// Send X-RateLimit-Limit/Remaining/Reset (`legacy_headers`). Default: true.
+  bool legacy_headers = true;
+  /// Send the IETF draft's RateLimit-Policy and RateLimit fields (`ietf_headers`). Default: false.
+  bool ietf_headers = false;
+};
+
+/// A whole configuration file.
+struct config {
+  /// The file it was read from (for messages); "" when parsed from a string without a name.
+  std::string source;
+  /// `[ratelimit] enabled`; false admits every check without touching the backend. Default: true.
+  bool enabled = true;
+  server_settings server;
+  backend_settings backend;
+  http_settings http;
+  /// Every rule, `default` first when the [ratelimit] form defines it. Names are unique.
+  std::vector<rule> rules;
+
+  /// The rule named `name`, or nullptr.
+  const rule* find_rule(std::string_view name) const noexcept;
+};
+
+/// The longest rule name accepted.
+inline constexpr std::size_t max_rule_name_length = 64;
+
+/// Parses a duration string "<digits><unit>" with unit ms, s, m, h or d ("250ms", "60s", "5m").
+/// Anything else (no digits, another unit, spaces, a sign, an overflow) is errc::config_invalid.
+result<nanoseconds> parse_duration(std::string_view text);
+
+/// Parses TOML text; `source_name` prefixes every error message ("name:line:column: ...").
+result<config> parse_config(std::string_view toml_text, std::string_view source_name);
+
+/// Reads and parses a file. A missing or unreadable file is an error naming it.
+result<config> load_config(const std::string& path);
+
+}  // namespace sluice

@@ -1,0 +1,82 @@
+// sluice/server/api.hpp — the JSON side of sluiced's POST /v1/check: parsing bodies, rendering replies.
+//
+// Parsing validates everything a check needs (rule known, key present and short enough, cost a
+// positive integer within the rule's capacity) before any backend is asked, so a bad request never
+// changes limiter state. Replies are rendered from a `decision` only.
+//
+//   auto body = sluice::server::parse_check_body(R"({"rule":"api","key":"user:42"})", cfg);
+//   if (auto* e = std::get_if<sluice::server::api_error>(&body)) reply(e->status, render_error(*e));
+//   const auto& checks = std::get<sluice::server::check_batch>(body);
+//   sluice::check_request req = checks.items[0].request();   // views into checks.items[0]
+//
+// Thread-safe: free functions over values.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "sluice/backend.hpp"
+#include "sluice/config.hpp"
+#include "sluice/decision.hpp"
+
+namespace sluice::server {
+
+/// Largest accepted request body; larger bodies get 413.
+inline constexpr std::size_t max_body_bytes = 64 * 1024;
+/// Most checks in one batch.
+inline constexpr std::size_t max_batch_checks = 1000;
+
+/// An error reply: HTTP status, a stable machine code and a message for people.
+struct api_error {
+  int status = 400;
+  std::string code;  ///< invalid_request | unknown_rule | not_found | method_not_allowed | payload_too_large | ...
+  std::string message;
+};
+
+/// One parsed check, or the error that makes it invalid.
+struct check_item {
+  const sluice::rule* rule = nullptr;  ///< Points into the config passed to parse_check_body.
+  std::string key;
+  std::string tenant;
+  std::string user;
+  std::int64_t cost = 1;
+  std::optional<api_error> error;  ///< Set when this item must not reach the backend.
+
+  /// The backend request; views into this item, which must outlive the check.
+  check_request request() const noexcept {
+    return {.rule = rule, .key = key, .tenant = tenant, .user = user, .cost = cost};
+  }
+};
+
+/// A parsed body: one check (`batch == false`, one item, never with an error) or a batch.
+struct check_batch {
+  bool batch = false;
+  std::vector<check_item> items;
+};
+
+/// Parses a POST /v1/check body against the rules of `cfg`. A single check with any problem is an
+/// api_error (400 invalid_request, 404 unknown_rule); in a batch each bad item carries its own error.
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg);
+
+/// `{"allowed":...,"rule":...,"limit":...,"remaining":...,"retry_after_ms":...,"reset_after_ms":...}`
+/// plus "layers" and "rejected_by" for dual-layer rules and "source" when not decided by the limiter.
+std::string render_decision(const sluice::rule& r, const decision& d);
+
+/// `{"error":{"code":...,"message":...}}`
+std::string render_error(const api_error& e);
+
+/// The api_error for a backend failure (no failure policy could answer): 503 backend_unavailable etc.
+api_error backend_error(const error& e);
+
+/// The decision given when limiting is disabled: admitted, full capacity left.
+decision disabled_decision(const sluice::rule& r) noexcept;
+
+/// Milliseconds, rounded up; `never` gives one day.
+std::int64_t ceil_milliseconds(nanoseconds d) noexcept;
+
+}  // namespace sluice::server

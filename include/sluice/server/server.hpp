@@ -1,0 +1,42 @@
+// sluice/server/server.hpp — sluiced itself: the HTTP decision API over Boost.Beast, health and
+// metrics endpoints, config reload on SIGHUP or file change, and draining on SIGTERM.
+//
+// Endpoints: POST /v1/check (single or {"checks": [...]}), GET /healthz, GET /readyz, GET /metrics.
+// Every check goes through backend::async_check, so a Redis round trip never blocks an io thread.
+//
+//   sluice::server::server_options o{.config_path = "/etc/sluice/sluice.toml"};
+//   return sluice::server::run(o);   // until SIGTERM or SIGINT; returns the exit code
+//
+// Thread-safe: run() is called once per process; it owns its threads.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sluice/backend.hpp"
+#include "sluice/config.hpp"
+#include "sluice/error.hpp"
+
+namespace sluice::server {
+
+struct server_options {
+  /// The TOML file to load and watch. Required.
+  std::string config_path;
+  /// Overrides [server] listen ("host:port"). Default: none.
+  std::optional<std::string> listen;
+};
+
+/// The backend `settings` describe: memory, or redis when sluiced was built with Redis support.
+/// redis_cluster is not supported yet (an error that says so).
+result<std::unique_ptr<backend>> make_backend(const backend_settings& settings);
+
+/// Checks that `cfg` can be served by this build (backend type available). Parsing errors are
+/// already reported by load_config.
+result<void> check_servable(const config& cfg);
+
+/// Loads the config, listens, serves until SIGTERM/SIGINT, drains in-flight requests and returns
+/// 0; returns 1 when the config cannot be loaded or the address cannot be bound.
+int run(const server_options& options);
+
+}  // namespace sluice::server

@@ -1,0 +1,187 @@
+// JSON request parsing and reply rendering for POST /v1/check (nlohmann-json, no exceptions).
+#include "sluice/server/api.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include <nlohmann/json.hpp>
+
+namespace sluice::server {
+
+namespace {
+
+using json = nlohmann::json;
+
+api_error invalid(std::string message) { return {400, "invalid_request", std::move(message)}; }
+
+// Reads a string field; absent → nullopt with no error.
+std::optional<api_error> read_string(const json& obj, const char* field, std::string& out, bool& present) {
+  auto it = obj.find(field);
+  present = it != obj.end();
+  if (!present) return std::nullopt;
+  if (!it->is_string()) return invalid(std::string(field) + " must be a string");
+  out = it->get_ref<const std::string&>();
+  return std::nullopt;
+}
+
+// Parses and validates one check object. Never touches a backend.
+check_item parse_item(const json& j, const config& cfg) {
+  check_item item;
+  auto fail = [&](api_error e) {
+    item.error = std::move(e);
+    return item;
+  };
+  if (!j.is_object()) return fail(invalid("a check must be a JSON object"));
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& k = it.key();
+    if (k != "rule" && k != "key" && k != "tenant" && k != "user" && k != "cost") {
+      return fail(invalid("unknown field \"" + k + "\" (expected rule, key, tenant, user, cost)"));
+    }
+  }
+  std::string rule_name = "default";
+  bool has_rule = false, has_key = false, has_tenant = false, has_user = false;
+  if (auto e = read_string(j, "rule", rule_name, has_rule)) return fail(*e);
+  if (auto e = read_string(j, "key", item.key, has_key)) return fail(*e);
+  if (auto e = read_string(j, "tenant", item.tenant, has_tenant)) return fail(*e);
+  if (auto e = read_string(j, "user", item.user, has_user)) return fail(*e);
+  if (auto it = j.find("cost"); it != j.end()) {
+    if (it->is_number_unsigned()) {
+      auto v = it->get<std::uint64_t>();
+      if (v > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        return fail(invalid("cost is too large"));
+      }
+      item.cost = static_cast<std::int64_t>(v);
+    } else if (it->is_number_integer()) {
+      item.cost = it->get<std::int64_t>();
+    } else {
+      return fail(invalid("cost must be an integer"));
+    }
+    if (item.cost <= 0) return fail(invalid("cost must be > 0, got " + std::to_string(item.cost)));
+  }
+  item.rule = cfg.find_rule(rule_name);
+  if (item.rule == nullptr) {
+    std::string shown = rule_name.size() > 64 ? rule_name.substr(0, 64) + "..." : rule_name;
+    return fail({404, "unknown_rule", "no rule named \"" + shown + "\""});
+  }
+  if (item.rule->is_dual_layer()) {
+    if (has_key) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: send tenant and user, not key"));
+    if (!has_tenant) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: tenant is missing"));
+    if (!has_user) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: user is missing"));
+  } else {
+    if (has_tenant || has_user) {
+      return fail(invalid("rule \"" + item.rule->name + "\" is single-layer: send key, not tenant/user"));
+    }
+    if (!has_key) return fail(invalid("key is missing"));
+  }
+  if (auto v = validate(item.request()); !v) return fail(invalid(v.error().message));
+  return item;
+}
+
+void append_int(std::string& out, std::int64_t v) { out += std::to_string(v); }
+
+}  // namespace
+
+std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
+  if (d == never) return 86'400'000;
+  if (d <= nanoseconds::zero()) return 0;
+  constexpr std::int64_t ns_per_ms = 1'000'000;
+  return d.count() / ns_per_ms + (d.count() % ns_per_ms != 0 ? 1 : 0);
+}
+
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg) {
+  if (body.size() > max_body_bytes) {
+    return api_error{413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
+  }
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid("the body is not valid JSON");
+  if (!j.is_object()) return invalid("the body must be a JSON object");
+  check_batch out;
+  if (auto it = j.find("checks"); it != j.end()) {
+    if (j.size() != 1) return invalid("a batch body holds only \"checks\"");
+    if (!it->is_array()) return invalid("checks must be an array");
+    if (it->empty()) return invalid("checks must not be empty");
+    if (it->size() > max_batch_checks) {
+      return invalid("checks holds more than " + std::to_string(max_batch_checks) + " entries");
+    }
+    out.batch = true;
+    out.items.reserve(it->size());
+    for (const json& e : *it) out.items.push_back(parse_item(e, cfg));
+    return out;
+  }
+  check_item item = parse_item(j, cfg);
+  if (item.error) return std::move(*item.error);
+  out.items.push_back(std::move(item));
+  return out;
+}
+
+std::string render_decision(const sluice::rule& r, const decision& d) {
+  std::string out;
+  out.reserve(160);
+  out += d.allowed ? R"({"allowed":true,"rule":)" : R"({"allowed":false,"rule":)";
+  out += json(r.name).dump();
+  out += R"(,"limit":)";
+  append_int(out, d.limit);
+  out += R"(,"remaining":)";
+  append_int(out, d.remaining < 0 ? 0 : d.remaining);
+  out += R"(,"retry_after_ms":)";
+  append_int(out, d.allowed ? 0 : std::max<std::int64_t>(1, ceil_milliseconds(d.retry_after)));
+  out += R"(,"reset_after_ms":)";
+  append_int(out, ceil_milliseconds(d.reset_after));
+  if (d.dual_layer) {
+    out += R"(,"layers":{"tenant":{"limit":)";
+    append_int(out, d.tenant.limit);
+    out += R"(,"remaining":)";
+    append_int(out, d.tenant.remaining < 0 ? 0 : d.tenant.remaining);
+    out += R"(},"user":{"limit":)";
+    append_int(out, d.user.limit);
+    out += R"(,"remaining":)";
+    append_int(out, d.user.remaining < 0 ? 0 : d.user.remaining);
+    out += "}}";
+    if (!d.allowed && d.rejected_by != layer::none) {
+      out += R"(,"rejected_by":")";
+      out += to_string(d.rejected_by);
+      out += '"';
+    }
+  }
+  if (d.source != decision_source::limiter) {
+    out += R"(,"source":")";
+    out += to_string(d.source);
+    out += '"';
+  }
+  out += '}';
+  return out;
+}
+
+std::string render_error(const api_error& e) {
+  json j = {{"error", {{"code", e.code}, {"message", e.message}}}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+api_error backend_error(const error& e) {
+  std::string code = "backend_unavailable";
+  if (e == errc::backend_timeout) code = "backend_timeout";
+  if (e == errc::backend_overloaded) code = "backend_overloaded";
+  if (e == errc::capacity_exhausted) code = "capacity_exhausted";
+  if (e == errc::invalid_argument || e == errc::key_too_long || e == errc::cost_exceeds_burst) {
+    return {400, "invalid_request", e.message};
+  }
+  return {503, code, e.message};
+}
+
+decision disabled_decision(const sluice::rule& r) noexcept {
+  decision d;
+  d.allowed = true;
+  d.limit = r.limit.capacity();
+  d.remaining = d.limit;
+  d.source = decision_source::disabled;
+  if (r.tenant) {
+    d.dual_layer = true;
+    d.tenant = {r.tenant->capacity(), r.tenant->capacity()};
+    d.user = {r.limit.capacity(), r.limit.capacity()};
+    d.limit = std::min(d.tenant.limit, d.user.limit);
+    d.remaining = d.limit;
+  }
+  return d;
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,52 @@
+// Turns [backend] settings into a backend. Redis support is compiled in when sluice_redis exists.
+#include "sluice/memory_backend.hpp"
+#include "sluice/server/server.hpp"
+
+#ifdef SLUICE_HAVE_REDIS
+#include "sluice/redis_backend.hpp"
+#endif
+
+namespace sluice::server {
+
+result<void> check_servable(const config& cfg) {
+  switch (cfg.backend.type) {
+    case backend_type::memory: return {};
+    case backend_type::redis:
+#ifdef SLUICE_HAVE_REDIS
+      return {};
+#else
+      return {errc::config_invalid, cfg.source + ": [backend] type = \"redis\": this sluiced was built without Redis support"};
+#endif
+    case backend_type::redis_cluster:
+      return {errc::config_invalid,
+              cfg.source + ": [backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\""};
+  }
+  return {errc::config_invalid, "unknown backend type"};
+}
+
+result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
+  if (s.type == backend_type::memory) {
+    return std::unique_ptr<backend>(make_memory_backend({.max_keys_per_rule = s.max_keys_per_rule}));
+  }
+#ifdef SLUICE_HAVE_REDIS
+  if (s.type == backend_type::redis) {
+    auto b = make_redis_backend({.addresses = s.addresses,
+                                 .username = s.username,
+                                 .password = s.password,
+                                 .database = s.database,
+                                 .connect_timeout = s.connect_timeout,
+                                 .command_timeout = s.command_timeout,
+                                 .key_prefix = s.key_prefix,
+                                 .on_error = s.on_error,
+                                 .max_pending = s.max_pending});
+    if (!b) return b.error();
+    return std::unique_ptr<backend>(std::move(*b));
+  }
+#endif
+  if (s.type == backend_type::redis_cluster) {
+    return error(errc::config_invalid, "[backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\"");
+  }
+  return error(errc::config_invalid, "[backend] type = \"redis\": this sluiced was built without Redis support");
+}
+
+}  // namespace sluice::server

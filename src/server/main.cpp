@@ -1,0 +1,53 @@
+// sluiced: the rate-limit service. Command line, logging set-up, then sluice::server::run.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "sluice/config.hpp"
+#include "sluice/server/server.hpp"
+
+#ifndef SLUICE_VERSION
+#define SLUICE_VERSION "0.0.0"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"sluiced " SLUICE_VERSION " - rate-limit decisions over HTTP", "sluiced"};
+  std::string config_path = "/etc/sluice/sluice.toml";
+  std::string listen;
+  bool check_only = false;
+  app.add_option("-c,--config", config_path, "TOML configuration file (reloaded on SIGHUP and on change)")
+      ->capture_default_str();
+  app.add_option("-l,--listen", listen, "Listen address host:port, overriding [server] listen");
+  app.add_flag("--check-config", check_only, "Validate the configuration, print the result and exit (0 valid, 1 not)");
+  app.set_version_flag("--version", std::string("sluiced ") + SLUICE_VERSION);
+  CLI11_PARSE(app, argc, argv);
+
+  // One line per event, key=value fields, to stderr (journald adds its own timestamp under systemd).
+  auto logger = spdlog::stderr_logger_mt("sluiced");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z level=%l %v");
+  spdlog::flush_on(spdlog::level::info);
+
+  if (check_only) {
+    auto cfg = sluice::load_config(config_path);
+    if (cfg) {
+      if (auto s = sluice::server::check_servable(*cfg); !s) cfg = s.error();
+    }
+    if (!cfg) {
+      std::cerr << cfg.error().message << '\n';
+      return 1;
+    }
+    std::cout << config_path << ": ok (" << cfg->rules.size() << " rules, backend " << sluice::to_string(cfg->backend.type)
+              << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
+    return 0;
+  }
+  sluice::server::server_options options;
+  options.config_path = config_path;
+  if (!listen.empty()) options.listen = listen;
+  spdlog::info("event=start version={} config={}", SLUICE_VERSION, config_path);
+  return sluice::server::run(options);
+}

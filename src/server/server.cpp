@@ -1,0 +1,767 @@
+// sluiced's HTTP server: N io threads, each with its own io_context and connections (Beast parses
+// requests; replies are serialized by hand), plus a control io_context on the main thread for
+// accept, signals, config reload and draining. The only file of sluiced that instantiates
+// Beast/Asio templates.
+#include "sluice/server/server.hpp"
+
+#include <sys/stat.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <limits>
+#include <csignal>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <spdlog/spdlog.h>
+
+#include "sluice/http/headers.hpp"
+#include "sluice/memory_backend.hpp"
+#include "sluice/server/api.hpp"
+#ifdef SLUICE_HAVE_REDIS
+#include "sluice/redis_backend.hpp"
+#endif
+#include "sluice/server/metrics.hpp"
+
+namespace sluice::server {
+
+namespace {
+
+namespace beast = boost::beast;
+namespace bhttp = boost::beast::http;
+namespace net = boost::asio;
+using tcp = net::ip::tcp;
+using steady = std::chrono::steady_clock;
+using executor = net::io_context::executor_type;
+
+constexpr auto idle_timeout = std::chrono::seconds(60);
+constexpr auto write_timeout = std::chrono::seconds(30);
+
+// A log field value: bare when it is a plain token, else quoted with escapes, so that a hostile key
+// cannot forge fields or lines.
+std::string log_value(std::string_view v) {
+  bool plain = !v.empty() && v.size() <= 256;
+  for (char c : v) {
+    if (c <= 0x20 || c >= 0x7f || c == '"' || c == '=' || c == '\\') plain = false;
+  }
+  if (plain) return std::string(v);
+  std::string out = "\"";
+  for (std::size_t i = 0; i < v.size() && i < 256; ++i) {
+    unsigned char c = static_cast<unsigned char>(v[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  if (v.size() > 256) out += "...";
+  out += '"';
+  return out;
+}
+
+// One loaded configuration and what is derived from it.
+struct snapshot {
+  config cfg;
+  sluice::http::header_options headers;
+};
+
+std::shared_ptr<const snapshot> make_snapshot(config cfg) {
+  auto s = std::make_shared<snapshot>();
+  s->headers = {.legacy_fields = cfg.http.legacy_headers, .ietf_fields = cfg.http.ietf_headers};
+  s->cfg = std::move(cfg);
+  return s;
+}
+
+// A file's identity for change detection: modification time (ns), size and inode.
+struct file_stamp {
+  std::int64_t mtime_ns = -1;
+  std::int64_t size = -1;
+  std::uint64_t inode = 0;
+  friend bool operator==(const file_stamp&, const file_stamp&) = default;
+};
+
+file_stamp stamp_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {};
+  return {static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec,
+          static_cast<std::int64_t>(st.st_size), static_cast<std::uint64_t>(st.st_ino)};
+}
+
+result<tcp::endpoint> resolve_listen(const std::string& listen) {
+  auto colon = listen.rfind(':');
+  if (colon == std::string::npos) return error(errc::config_invalid, "listen address \"" + listen + "\" has no port");
+  std::string host = listen.substr(0, colon);
+  std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  net::io_context io;
+  tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto results = resolver.resolve(host, port, tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    return error(errc::config_invalid, "cannot resolve listen address \"" + listen + "\": " + ec.message());
+  }
+  return results.begin()->endpoint();
+}
+
+class service;
+class session;
+
+// One io thread: its io_context, the connections it owns and their idle sweeper. Everything here is
+// touched only from that thread.
+struct worker {
+  net::io_context io{1};
+  net::steady_timer sweep_timer{io};
+  std::vector<std::weak_ptr<session>> sessions;
+  // This thread's reference to the current config, with its own reference count (see
+  // service::current_for), and the config version it holds.
+  std::shared_ptr<const snapshot> snap;
+  std::uint64_t version = std::numeric_limits<std::uint64_t>::max();
+};
+
+// Coarse monotonic nanoseconds: deadlines need ~ms precision and are read on every request.
+std::int64_t coarse_now_ns() { return to_ns(coarse_clock().now()); }
+
+// One connection: read a request, answer it, repeat while keep-alive. Lives on one worker thread;
+// backend completions from other threads are posted back to it.
+class session : public std::enable_shared_from_this<session> {
+ public:
+  session(net::basic_stream_socket<tcp, executor>&& socket, service& svc, worker& w)
+      : socket_(std::move(socket)), svc_(svc), worker_(w) {}
+
+  void start() {
+    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+      self->worker_.sessions.push_back(self);
+      self->do_read();
+    });
+  }
+
+  // Called by the worker's sweeper: closes the connection when its current deadline has passed.
+  void sweep(std::int64_t now_ns) {
+    if (now_ns > deadline_ns_) {
+      beast::error_code ec;
+      socket_.close(ec);  // pending operations complete with operation_aborted
+    }
+  }
+
+ private:
+  void set_deadline(std::chrono::nanoseconds d) { deadline_ns_ = coarse_now_ns() + d.count(); }
+  void clear_deadline() { deadline_ns_ = std::numeric_limits<std::int64_t>::max(); }
+
+  void do_read();
+  void on_header(beast::error_code ec, std::size_t);
+  bool reply_read_error(beast::error_code ec);
+  void read_body();
+  void on_read(beast::error_code ec, std::size_t);
+  void handle();
+  void handle_check();
+  void on_check_done(std::size_t index, result<decision> r);
+  void finish_check();
+  void reply(bhttp::status status, std::string_view body, std::string_view content_type);
+  void reply_error(const api_error& e);
+  void on_write(bool close, beast::error_code ec, std::size_t);
+  void close();
+  void discard();
+
+  net::basic_stream_socket<tcp, executor> socket_;
+  service& svc_;
+  worker& worker_;
+  std::int64_t deadline_ns_ = std::numeric_limits<std::int64_t>::max();
+  beast::flat_buffer buffer_;
+  std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
+  bhttp::request<bhttp::string_body> req_;
+  std::string extra_headers_;  // "Name: value\r\n" lines for the response being built
+  std::string out_;            // the serialized response
+  std::array<char, 4096> discard_buf_;
+  std::size_t discarded_ = 0;
+  bool counted_ = false;  // this request counts as in flight
+
+  // The check in progress.
+  std::shared_ptr<const snapshot> snap_;
+  check_batch batch_;
+  std::vector<std::optional<result<decision>>> results_;
+  std::size_t outstanding_ = 0;
+  steady::time_point started_;
+};
+
+class service {
+ public:
+  service(std::string config_path, std::shared_ptr<const snapshot> snap, std::unique_ptr<backend> b)
+      : workers_(),
+        config_path_(std::move(config_path)),
+        backend_(std::move(b)),
+        memory_(dynamic_cast<memory_backend*>(backend_.get())),
+        metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
+        current_(std::move(snap)),
+        acceptor_(ioc_),
+        signals_(ioc_, SIGTERM, SIGINT, SIGHUP),
+        watch_timer_(ioc_),
+        drain_timer_(ioc_),
+        stamp_(stamp_of(config_path_)) {}
+
+  std::shared_ptr<const snapshot> current() {
+    std::lock_guard lock(mu_);
+    return current_;
+  }
+
+  // The current config as seen from worker `w`: one atomic load per request, and the lock only
+  // after a reload. The pointer shares a control block private to the worker, so copying it does
+  // not bounce a reference count between cores.
+  const std::shared_ptr<const snapshot>& current_for(worker& w) {
+    if (w.version != version_.load(std::memory_order_acquire)) {
+      std::lock_guard lock(mu_);
+      auto holder = std::make_shared<std::shared_ptr<const snapshot>>(current_);
+      w.snap = std::shared_ptr<const snapshot>(holder, holder->get());
+      w.version = version_.load(std::memory_order_relaxed);
+    }
+    return w.snap;
+  }
+  backend& limiter() { return *backend_; }
+  server::metrics& stats() { return metrics_; }
+  bool draining() const { return draining_.load(std::memory_order_relaxed); }
+  void request_begin() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void request_end() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+
+  std::string render_metrics() {
+    metrics_gauges g;
+    g.backend_ready = backend_->ready();
+    if (memory_) g.live_keys = static_cast<std::int64_t>(memory_->key_count());
+    std::string out = metrics_.render(g);
+    out += "# HELP sluice_http_requests_in_flight Requests read and not yet answered (this scrape included).\n"
+           "# TYPE sluice_http_requests_in_flight gauge\nsluice_http_requests_in_flight " +
+           std::to_string(in_flight_.load(std::memory_order_relaxed)) + "\n";
+#ifdef SLUICE_HAVE_REDIS
+    if (auto* redis = dynamic_cast<redis_backend*>(backend_.get())) append_redis_metrics(out, redis->stats());
+#endif
+    return out;
+  }
+
+#ifdef SLUICE_HAVE_REDIS
+  static void append_redis_metrics(std::string& out, const redis_backend_stats& st) {
+    auto metric = [&out](const char* name, const char* type, const char* help, std::uint64_t v) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
+             std::to_string(v) + "\n";
+    };
+    metric("sluice_redis_checks_total", "counter", "Valid checks sent to the Redis backend.", st.checks);
+    metric("sluice_redis_decisions_total", "counter", "Checks Redis decided.", st.redis_decisions);
+    metric("sluice_redis_timeouts_total", "counter", "Checks with no Redis answer within timeout_ms.", st.timeouts);
+    metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.", st.unavailable);
+    metric("sluice_redis_protocol_errors_total", "counter", "Error or malformed Redis replies.", st.protocol_errors);
+    metric("sluice_redis_overloaded_total", "counter", "Checks refused because max_pending were waiting.", st.overloaded);
+    metric("sluice_redis_script_reloads_total", "counter", "NOSCRIPT replies recovered.", st.script_reloads);
+    metric("sluice_redis_connects_total", "counter", "Successful Redis connections.", st.connects);
+    metric("sluice_redis_circuit_opens_total", "counter", "Times the circuit breaker opened.", st.circuit_opens);
+    metric("sluice_redis_pending", "gauge", "Checks waiting on Redis now.", st.pending);
+    metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
+  }
+#endif
+
+  int run(const tcp::endpoint& endpoint, unsigned threads) {
+    beast::error_code ec;
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (ec) {
+      spdlog::error("event=listen_failed address={} error={}", log_value(endpoint_text(endpoint)), log_value(ec.message()));
+      return 1;
+    }
+    auto snap = current();
+    spdlog::info("event=listening address={} threads={} backend={} rules={} enabled={}",
+                 endpoint_text(acceptor_.local_endpoint()), threads, to_string(snap->cfg.backend.type),
+                 snap->cfg.rules.size(), snap->cfg.enabled);
+
+    // Each io thread runs its own io_context and owns the connections accepted for it
+    // (round-robin), as nginx workers do: no strands, no locks between threads on the request path.
+    // The main thread runs ioc_: accept, signals, reload and drain, all light.
+    for (unsigned i = 0; i < threads; ++i) {
+      workers_.push_back(std::make_unique<worker>());
+      guards_.emplace_back(workers_.back()->io.get_executor());
+    }
+    for (auto& w : workers_) arm_sweep(*w);
+    do_accept();
+    wait_signal();
+    arm_watch(snap->cfg.server.watch_interval);
+
+    std::vector<std::thread> pool;
+    for (auto& w : workers_) pool.emplace_back([&io = w->io] { io.run(); });
+    ioc_.run();
+    for (auto& t : pool) t.join();
+    // The backend goes first: completions it still holds (a drain that timed out on Redis) are
+    // posted to the stopped io_contexts, which must still exist to take them.
+    memory_ = nullptr;
+    backend_.reset();
+    spdlog::info("event=stopped");
+    return 0;
+  }
+
+ private:
+  static std::string endpoint_text(const tcp::endpoint& e) {
+    std::string a = e.address().to_string();
+    if (e.address().is_v6()) a = "[" + a + "]";
+    return a + ":" + std::to_string(e.port());
+  }
+
+  void do_accept() {
+    worker& target = *workers_[next_++ % workers_.size()];
+    acceptor_.async_accept(target.io, [this, &target](beast::error_code ec, net::basic_stream_socket<tcp, executor> socket) {
+      if (ec) {
+        if (!acceptor_.is_open()) return;  // draining
+        spdlog::warn("event=accept_failed error={}", log_value(ec.message()));
+        if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space) {
+          // Out of file descriptors: wait a little instead of spinning on accept.
+          accept_retry_timer_.expires_after(std::chrono::milliseconds(100));
+          accept_retry_timer_.async_wait([this](beast::error_code) { do_accept(); });
+          return;
+        }
+      } else {
+        socket.set_option(tcp::no_delay(true), ec);
+        std::make_shared<session>(std::move(socket), *this, target)->start();
+      }
+      do_accept();
+    });
+  }
+
+  // Every second, on each worker's own thread: close connections past their deadline, forget ended ones.
+  void arm_sweep(worker& w) {
+    w.sweep_timer.expires_after(std::chrono::seconds(1));
+    w.sweep_timer.async_wait([this, &w](beast::error_code ec) {
+      if (ec) return;
+      std::int64_t now = coarse_now_ns();
+      std::erase_if(w.sessions, [now](const std::weak_ptr<session>& weak) {
+        auto s = weak.lock();
+        if (!s) return true;
+        s->sweep(now);
+        return false;
+      });
+      arm_sweep(w);
+    });
+  }
+
+  void wait_signal() {
+    signals_.async_wait([this](beast::error_code ec, int sig) {
+      if (ec) return;
+      if (sig == SIGHUP) {
+        spdlog::info("event=signal signal=SIGHUP");
+        reload("sighup");
+        wait_signal();
+        return;
+      }
+      spdlog::info("event=signal signal={} action=drain", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+      begin_drain();
+    });
+  }
+
+  void arm_watch(std::chrono::milliseconds interval) {
+    if (interval.count() == 0 || draining()) return;
+    watch_timer_.expires_after(interval);
+    watch_timer_.async_wait([this](beast::error_code ec) {
+      if (ec) return;
+      file_stamp now = stamp_of(config_path_);
+      if (!(now == stamp_)) reload("file_change");
+      arm_watch(current()->cfg.server.watch_interval);
+    });
+  }
+
+  // Loads the file again; on success swaps the rules in, keeping the state of unchanged rules.
+  void reload(std::string_view trigger) {
+    std::lock_guard reload_lock(reload_mu_);
+    stamp_ = stamp_of(config_path_);
+    auto loaded = load_config(config_path_);
+    if (loaded) {
+      if (auto s = check_servable(*loaded); !s) loaded = s.error();
+    }
+    if (!loaded) {
+      metrics_.record_reload(false);
+      spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(loaded.error().message));
+      return;
+    }
+    auto old = current();
+    config& next = *loaded;
+    // Settings read only at start keep their running values; say so instead of half-applying them.
+    if (next.server.threads != old->cfg.server.threads) {
+      spdlog::warn("event=reload_restart_needed section=server message=\"threads applies at the next start\"");
+    }
+    if (next.backend.type != old->cfg.backend.type || next.backend.addresses != old->cfg.backend.addresses ||
+        next.backend.key_prefix != old->cfg.backend.key_prefix || next.backend.on_error != old->cfg.backend.on_error ||
+        next.backend.database != old->cfg.backend.database) {
+      spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
+    }
+    next.backend = old->cfg.backend;
+    next.server.listen = old->cfg.server.listen;
+    next.server.threads = old->cfg.server.threads;
+    std::vector<std::string> changed;
+    for (const rule& r : old->cfg.rules) {
+      const rule* n = next.find_rule(r.name);
+      if (n == nullptr || !(*n == r)) changed.push_back(r.name);
+    }
+    std::size_t rules = next.rules.size();
+    bool enabled = next.enabled;
+    {
+      std::lock_guard lock(mu_);
+      current_ = make_snapshot(std::move(next));
+      version_.fetch_add(1, std::memory_order_release);
+    }
+    // Checks already running hold the old snapshot; dropping state of changed rules after the swap
+    // means no new check starts on the old parameters.
+    for (const std::string& name : changed) backend_->forget_rule(name);
+    metrics_.record_reload(true);
+    spdlog::info("event=reload result=success trigger={} rules={} enabled={} reset_rules={}", trigger, rules, enabled,
+                 changed.size());
+  }
+
+  void begin_drain() {
+    if (draining_.exchange(true)) return;
+    beast::error_code ec;
+    acceptor_.close(ec);
+    watch_timer_.cancel();
+    accept_retry_timer_.cancel();
+    signals_.cancel();
+    drain_deadline_ = steady::now() + current()->cfg.server.drain_timeout;
+    poll_drain();
+  }
+
+  void poll_drain() {
+    int n = in_flight_.load();
+    if (n == 0 || steady::now() >= drain_deadline_) {
+      spdlog::info("event=drained abandoned_requests={}", n);
+      guards_.clear();
+      for (auto& w : workers_) w->io.stop();
+      ioc_.stop();
+      return;
+    }
+    drain_timer_.expires_after(std::chrono::milliseconds(5));
+    drain_timer_.async_wait([this](beast::error_code) { poll_drain(); });
+  }
+
+  // Declared first, destroyed last: an accept pending on ioc_ holds a socket of a worker's
+  // io_context, so every worker io_context must outlive ioc_.
+  std::vector<std::unique_ptr<worker>> workers_;
+  std::vector<net::executor_work_guard<executor>> guards_;
+  std::string config_path_;
+  net::io_context ioc_{1};
+  std::unique_ptr<backend> backend_;
+  memory_backend* memory_;
+  server::metrics metrics_;
+  std::mutex mu_;
+  std::shared_ptr<const snapshot> current_;
+  std::atomic<std::uint64_t> version_{0};
+  std::mutex reload_mu_;
+  tcp::acceptor acceptor_;
+  net::signal_set signals_;
+  net::steady_timer watch_timer_;
+  net::steady_timer drain_timer_;
+  net::steady_timer accept_retry_timer_{ioc_};
+  file_stamp stamp_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> in_flight_{0};
+  steady::time_point drain_deadline_;
+  std::size_t next_ = 0;
+};
+
+void session::do_read() {
+  parser_.emplace();
+  parser_->body_limit(max_body_bytes);
+  set_deadline(idle_timeout);
+  bhttp::async_read_header(socket_, buffer_, *parser_,
+                           beast::bind_front_handler(&session::on_header, shared_from_this()));
+}
+
+// Answers a request that could not be read, then closes: 413 for a body over the limit, 400 for a
+// malformed request. Returns false when the connection should just be closed (timeout, reset).
+bool session::reply_read_error(beast::error_code ec) {
+  if (!counted_) {
+    svc_.request_begin();
+    counted_ = true;
+  }
+  req_ = {};
+  req_.keep_alive(false);
+  extra_headers_.clear();
+  if (ec == bhttp::error::body_limit) {
+    reply_error({413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"});
+    return true;
+  }
+  if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
+      ec != bhttp::error::partial_message && ec != bhttp::error::end_of_stream) {
+    reply_error({400, "invalid_request", "malformed HTTP request: " + ec.message()});
+    return true;
+  }
+  return false;
+}
+
+void session::on_header(beast::error_code ec, std::size_t) {
+  if (ec == bhttp::error::end_of_stream) return close();
+  if (ec) {
+    if (!reply_read_error(ec)) close();
+    return;
+  }
+  // From here the request is in flight: SIGTERM waits for it.
+  svc_.request_begin();
+  counted_ = true;
+  set_deadline(write_timeout);
+  const auto& h = parser_->get();
+  if (!parser_->is_done() && beast::iequals(h[bhttp::field::expect], "100-continue")) {
+    static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
+    net::async_write(socket_, net::buffer(continue_line.data(), continue_line.size()),
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                       if (ec) return self->close();
+                       self->read_body();
+                     });
+    return;
+  }
+  read_body();
+}
+
+void session::read_body() {
+  bhttp::async_read(socket_, buffer_, *parser_, beast::bind_front_handler(&session::on_read, shared_from_this()));
+}
+
+void session::on_read(beast::error_code ec, std::size_t) {
+  if (ec) {
+    if (!reply_read_error(ec)) close();
+    return;
+  }
+  req_ = parser_->release();
+  extra_headers_.clear();
+  handle();
+}
+
+void session::handle() {
+  auto t = req_.target();
+  std::string_view target(t.data(), t.size());
+  if (auto q = target.find('?'); q != std::string_view::npos) target = target.substr(0, q);
+  auto method = req_.method();
+  bool get = method == bhttp::verb::get || method == bhttp::verb::head;
+
+  if (target == "/v1/check") {
+    if (method != bhttp::verb::post) return reply_error({405, "method_not_allowed", "use POST for /v1/check"});
+    return handle_check();
+  }
+  if (target == "/healthz" || target == "/readyz" || target == "/metrics") {
+    if (!get) return reply_error({405, "method_not_allowed", "use GET for " + std::string(target)});
+    if (target == "/healthz") return reply(bhttp::status::ok, "{\"status\":\"ok\"}", "application/json");
+    if (target == "/readyz") {
+      if (svc_.draining()) return reply(bhttp::status::service_unavailable, "{\"status\":\"draining\"}", "application/json");
+      if (svc_.limiter().ready()) return reply(bhttp::status::ok, "{\"status\":\"ready\"}", "application/json");
+      return reply(bhttp::status::service_unavailable, "{\"status\":\"backend_unavailable\"}", "application/json");
+    }
+    return reply(bhttp::status::ok, svc_.render_metrics(), "text/plain; version=0.0.4; charset=utf-8");
+  }
+  reply_error({404, "not_found", "no endpoint " + std::string(target.substr(0, 128))});
+}
+
+void session::handle_check() {
+  snap_ = svc_.current_for(worker_);
+  auto parsed = parse_check_body(req_.body(), snap_->cfg);
+  if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
+  batch_ = std::move(std::get<check_batch>(parsed));
+  results_.assign(batch_.items.size(), std::nullopt);
+  started_ = steady::now();
+  clear_deadline();       // the backend has its own timeout
+  outstanding_ = 1;       // held until every check is issued, so an inline completion cannot finish early
+  for (std::size_t i = 0; i < batch_.items.size(); ++i) {
+    const check_item& item = batch_.items[i];
+    if (item.error) continue;
+    if (!snap_->cfg.enabled) {
+      results_[i] = disabled_decision(*item.rule);
+      continue;
+    }
+    ++outstanding_;
+    svc_.limiter().async_check(item.request(), [self = shared_from_this(), i](result<decision> r) {
+      // Inline completions (memory backend) run here and now; Redis completes on its own thread
+      // and is posted back to this connection's thread.
+      auto ex = self->socket_.get_executor();
+      net::dispatch(ex, [self, i, r = std::move(r)]() mutable { self->on_check_done(i, std::move(r)); });
+    });
+  }
+  if (--outstanding_ == 0) finish_check();
+}
+
+void session::on_check_done(std::size_t index, result<decision> r) {
+  results_[index] = std::move(r);
+  if (--outstanding_ == 0) finish_check();
+}
+
+void session::finish_check() {
+  auto latency = steady::now() - started_;
+  const auto& cfg = snap_->cfg;
+  for (std::size_t i = 0; i < batch_.items.size(); ++i) {
+    const check_item& item = batch_.items[i];
+    if (item.error || !results_[i]) continue;
+    const result<decision>& r = *results_[i];
+    if (!r) {
+      svc_.stats().record_backend_error(item.rule->name, r.error(), latency);
+      spdlog::warn("event=check_failed rule={} error={}", item.rule->name, log_value(r.error().message));
+      continue;
+    }
+    svc_.stats().record_decision(item.rule->name, item.tenant, *r, latency);
+    if (!r->allowed && cfg.server.log_rejections) {
+      if (item.rule->is_dual_layer()) {
+        spdlog::info("event=check rate_limited=true rule={} tenant={} user={} rejected_by={}", item.rule->name,
+                     log_value(item.tenant), log_value(item.user), to_string(r->rejected_by));
+      } else {
+        spdlog::info("event=check rate_limited=true rule={} user={}", item.rule->name, log_value(item.key));
+      }
+    }
+  }
+
+  if (!batch_.batch) {
+    const check_item& item = batch_.items[0];
+    const result<decision>& r = *results_[0];
+    if (!r) return reply_error(backend_error(r.error()));
+    for (auto& f : sluice::http::rate_limit_headers(*r, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
+      extra_headers_ += f.name;
+      extra_headers_ += ": ";
+      extra_headers_ += f.value;
+      extra_headers_ += "\r\n";
+    }
+    return reply(r->allowed ? bhttp::status::ok : bhttp::status::too_many_requests, render_decision(*item.rule, *r),
+                 "application/json");
+  }
+  std::string body = "{\"results\":[";
+  for (std::size_t i = 0; i < batch_.items.size(); ++i) {
+    if (i) body += ',';
+    const check_item& item = batch_.items[i];
+    if (item.error) {
+      body += render_error(*item.error);
+    } else if (!*results_[i]) {
+      body += render_error(backend_error(results_[i]->error()));
+    } else {
+      body += render_decision(*item.rule, results_[i]->value());
+    }
+  }
+  body += "]}";
+  reply(bhttp::status::ok, body, "application/json");
+}
+
+void session::reply_error(const api_error& e) {
+  if (e.status == 405) extra_headers_ += req_.target().starts_with("/v1/") ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+  reply(static_cast<bhttp::status>(e.status), render_error(e), "application/json");
+}
+
+// Serializes the response by hand (status line, extra_headers_, body) and writes it in one send:
+// cheaper than Beast's serializer for these small, fixed-shape answers.
+void session::reply(bhttp::status status, std::string_view body, std::string_view content_type) {
+  int code = static_cast<int>(status);
+  bool keep_alive = req_.keep_alive() && !svc_.draining() && code != 413;
+  auto reason = bhttp::obsolete_reason(status);
+  out_.clear();
+  out_ += "HTTP/1.1 ";
+  out_ += std::to_string(code);
+  out_ += ' ';
+  out_.append(reason.data(), reason.size());
+  out_ += "\r\nServer: sluiced\r\nContent-Type: ";
+  out_ += content_type;
+  out_ += "\r\n";
+  out_ += extra_headers_;
+  out_ += "Content-Length: ";
+  out_ += std::to_string(body.size());
+  out_ += "\r\n";
+  if (!keep_alive) {
+    out_ += "Connection: close\r\n";
+  } else if (req_.version() == 10) {
+    out_ += "Connection: keep-alive\r\n";
+  }
+  out_ += "\r\n";
+  if (req_.method() != bhttp::verb::head) out_ += body;
+  svc_.stats().record_response(code);
+  set_deadline(write_timeout);
+  net::async_write(socket_, net::buffer(out_),
+                   beast::bind_front_handler(&session::on_write, shared_from_this(), !keep_alive));
+}
+
+void session::on_write(bool close_after, beast::error_code ec, std::size_t) {
+  if (counted_) {
+    counted_ = false;
+    svc_.request_end();
+  }
+  snap_.reset();
+  batch_ = {};
+  results_.clear();
+  if (ec || close_after || svc_.draining()) return close();
+  do_read();
+}
+
+void session::close() {
+  if (counted_) {
+    counted_ = false;
+    svc_.request_end();
+  }
+  // Half-close, then read and discard what the client still sends (e.g. the rest of a body over the
+  // limit) until it closes too: closing with unread data would reset the connection and could make
+  // the client lose the response.
+  beast::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) return (void)socket_.close(ec);
+  set_deadline(std::chrono::seconds(2));
+  discard();
+}
+
+void session::discard() {
+  if (discarded_ > 4 * max_body_bytes) {
+    beast::error_code ec;
+    socket_.close(ec);
+    return;
+  }
+  socket_.async_read_some(net::buffer(discard_buf_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+    self->discarded_ += n;
+    if (ec) {
+      beast::error_code ignored;
+      self->socket_.close(ignored);
+      return;
+    }
+    self->discard();
+  });
+}
+
+}  // namespace
+
+int run(const server_options& options) {
+  auto cfg = load_config(options.config_path);
+  if (!cfg) {
+    spdlog::error("event=config_invalid error={}", log_value(cfg.error().message));
+    return 1;
+  }
+  if (options.listen) cfg->server.listen = *options.listen;
+  if (auto s = check_servable(*cfg); !s) {
+    spdlog::error("event=config_invalid error={}", log_value(s.error().message));
+    return 1;
+  }
+  auto endpoint = resolve_listen(cfg->server.listen);
+  if (!endpoint) {
+    spdlog::error("event=config_invalid error={}", log_value(endpoint.error().message));
+    return 1;
+  }
+  auto b = make_backend(cfg->backend);
+  if (!b) {
+    spdlog::error("event=backend_failed error={}", log_value(b.error().message));
+    return 1;
+  }
+  unsigned threads = cfg->server.threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+
+  // SIGPIPE would kill the process on a write to a closed socket; Asio reports EPIPE instead.
+  std::signal(SIGPIPE, SIG_IGN);
+  int rc = 0;
+  {
+    service svc(options.config_path, make_snapshot(std::move(*cfg)), std::move(*b));
+    rc = svc.run(*endpoint, threads);
+  }
+  return rc;
+}
+
+}  // namespace sluice::server

@@ -1,0 +1,255 @@
+#include "sluice/config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+namespace sluice {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr const char* seed = R"([ratelimit]
+enabled = true
+algorithm = "sliding_window"   # token_bucket | sliding_window
+token_rate = 10                # token bucket: tokens per second
+token_burst = 20               # token bucket: bucket size
+window = 60                    # sliding window: seconds
+limit = 100                    # sliding window: requests per window
+)";
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  auto at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+// Expects a config error whose message starts with `prefix` (file:line:column: ...).
+void expect_error(const std::string& text, const std::string& prefix) {
+  auto c = parse_config(text, "t.toml");
+  ASSERT_FALSE(c.ok()) << text;
+  EXPECT_EQ(c.error(), errc::config_invalid);
+  EXPECT_EQ(c.error().message.substr(0, prefix.size()), prefix) << c.error().message;
+}
+
+TEST(Config, SeedSectionDefinesDefaultRule) {
+  auto c = parse_config(seed, "seed.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->enabled);
+  ASSERT_EQ(c->rules.size(), 1u);
+  EXPECT_EQ(c->rules[0], (rule{.name = "default", .limit = sliding_window_policy(100, 60s), .tenant = std::nullopt}));
+  EXPECT_EQ(c->find_rule("default"), &c->rules[0]);
+  EXPECT_EQ(c->find_rule("api"), nullptr);
+  EXPECT_EQ(c->backend.type, backend_type::memory);
+  EXPECT_EQ(c->server.listen, "127.0.0.1:8080");
+}
+
+TEST(Config, SeedTokenBucket) {
+  auto c = parse_config(replace(seed, "\"sliding_window\"", "\"token_bucket\""), "seed.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rules[0].limit, token_bucket_policy(per_second(10), 20));
+}
+
+TEST(Config, FullForm) {
+  auto c = parse_config(R"(
+[server]
+listen = "0.0.0.0:9090"
+threads = 3
+log_rejections = true
+
+[backend]
+type = "redis"
+addresses = ["10.0.0.1:6379", "10.0.0.2:6380"]
+username = "u"
+password = "p"
+key_prefix = "x:"
+timeout_ms = 20
+on_error = "local"
+
+[http]
+ietf_headers = true
+legacy_headers = false
+
+[[rules]]
+name = "api"
+algorithm = "token_bucket"
+rate = 5
+burst = 60
+
+[[rules]]
+name = "ai"
+algorithm = "sliding_window"
+limit = 100
+window = "60s"
+
+[[rules]]
+name = "tenant_api"
+algorithm = "sliding_window"
+window = "60s"
+tenant_limit = 1000
+user_limit = 100
+
+[[rules]]
+name = "q"
+algorithm = "fixed_window"
+limit = 7
+window = "1d"
+
+[[rules]]
+name = "c"
+algorithm = "sliding_window_counter"
+limit = 7
+window = "250ms"
+)", "full.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->server.listen, "0.0.0.0:9090");
+  EXPECT_EQ(c->server.threads, 3u);
+  EXPECT_TRUE(c->server.log_rejections);
+  EXPECT_EQ(c->backend.type, backend_type::redis);
+  EXPECT_EQ(c->backend.addresses, (std::vector<std::string>{"10.0.0.1:6379", "10.0.0.2:6380"}));
+  EXPECT_EQ(c->backend.username, "u");
+  EXPECT_EQ(c->backend.password, "p");
+  EXPECT_EQ(c->backend.key_prefix, "x:");
+  EXPECT_EQ(c->backend.command_timeout, 20ms);
+  EXPECT_EQ(c->backend.on_error, failure_policy::local);
+  EXPECT_TRUE(c->http.ietf_headers);
+  EXPECT_FALSE(c->http.legacy_headers);
+  ASSERT_EQ(c->rules.size(), 5u);
+  EXPECT_EQ(c->rules[0].limit, token_bucket_policy(per_second(5), 60));
+  EXPECT_EQ(c->rules[1].limit, sliding_window_policy(100, 60s));
+  EXPECT_TRUE(c->rules[2].is_dual_layer());
+  EXPECT_EQ(c->rules[2].limit, sliding_window_policy(100, 60s));
+  EXPECT_EQ(*c->rules[2].tenant, sliding_window_policy(1000, 60s));
+  EXPECT_EQ(c->rules[3].limit, fixed_window_policy(7, 24h));
+  EXPECT_EQ(c->rules[4].limit, sliding_window_counter_policy(7, 250ms));
+}
+
+TEST(Config, BothFormsInOneFile) {
+  auto c = parse_config(std::string(seed) + "\n[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 1.5\nburst = 3\n",
+                        "both.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->rules.size(), 2u);
+  EXPECT_EQ(c->rules[0].name, "default");
+  EXPECT_EQ(c->rules[1].limit, token_bucket_policy(per_second(1.5), 3));
+}
+
+TEST(Config, EnabledFalse) {
+  auto c = parse_config(replace(seed, "enabled = true", "enabled = false"), "t.toml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->enabled);
+  auto only = parse_config("[ratelimit]\nenabled = false\n", "t.toml");
+  ASSERT_TRUE(only.ok()) << only.error().message;
+  EXPECT_TRUE(only->rules.empty());
+}
+
+TEST(Config, Durations) {
+  EXPECT_EQ(*parse_duration("250ms"), 250ms);
+  EXPECT_EQ(*parse_duration("60s"), 60s);
+  EXPECT_EQ(*parse_duration("5m"), 5min);
+  EXPECT_EQ(*parse_duration("1h"), 1h);
+  EXPECT_EQ(*parse_duration("1d"), 24h);
+  for (const char* bad : {"", "s", "60", "60 s", "-1s", "1.5s", "1w", "99999999999999d", "1S", " 1s"}) {
+    EXPECT_FALSE(parse_duration(bad).ok()) << bad;
+  }
+}
+
+TEST(Config, ErrorsNameFileLineAndColumn) {
+  expect_error(std::string(seed) + "bogus = 1\n", "t.toml:8:1: unknown key 'bogus' in [ratelimit]");
+  expect_error("[nope]\n", "t.toml:1:2: unknown key 'nope'");
+  expect_error(replace(seed, "limit = 100 ", "limit = \"x\""), "t.toml:7:9: limit must be an integer");
+  expect_error(replace(seed, "limit = 100 ", "limit = 0  "), "t.toml:7:9: limit must be between 1 and");
+  expect_error(replace(seed, "limit = 100 ", "limit = 1.5"), "t.toml:7:9: limit must be an integer");
+  expect_error(replace(seed, "window = 60 ", "window = 0  "), "t.toml:6:10: window must be between 1 and");
+  expect_error(replace(seed, "window = 60 ", "window = \"0s\""), "t.toml:6:10: window must be between 1ms");
+  expect_error(replace(seed, "window = 60 ", "window = \"60x\""), "t.toml:6:10: window must be a duration");
+  expect_error(replace(seed, "window = 60 ", "window = true"), "t.toml:6:10: window must be an integer number");
+  expect_error(replace(seed, "\"sliding_window\"", "\"leaky\""), "t.toml:3:13: algorithm must be token_bucket");
+  expect_error(replace(seed, "enabled = true", "enabled = 1"), "t.toml:2:11: enabled must be a boolean");
+  expect_error(replace(seed, "limit = 100 ", "#"), "t.toml:1:1: [ratelimit] is missing 'limit'");
+  expect_error("[ratelimit\n", "t.toml:1:");
+  expect_error("", "t.toml:1:1: no rules");
+  expect_error("ratelimit = 3\n", "t.toml:1:13: ratelimit must be a table");
+}
+
+TEST(Config, RuleErrors) {
+  const std::string api = "[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 5\nburst = 60\n";
+  expect_error(api + api, "t.toml:7:8: duplicate rule name \"api\"");
+  expect_error(replace(api, "burst = 60", "burst = -1"), "t.toml:5:9: burst must be between 1");
+  expect_error(replace(api, "rate = 5", "rate = 0"), "t.toml:4:8: rate must be a number > 0");
+  expect_error(replace(api, "rate = 5", "rate = nan"), "t.toml:4:8: rate must be a number > 0");
+  expect_error(replace(api, "rate = 5", "rate = inf"), "t.toml:4:8: rate must be a number > 0");
+  expect_error(replace(api, "rate = 5", "window = 5"), "t.toml:4:1: unknown key 'window' in [[rules]] (algorithm token_bucket");
+  expect_error(replace(api, "rate = 5\n", ""), "t.toml:1:1: [[rules]] is missing 'rate'");
+  expect_error(replace(api, "name = \"api\"", "name = \"a b\""), "t.toml:2:8: name must be 1 to 64 characters");
+  expect_error(replace(api, "name = \"api\"\n", ""), "t.toml:1:1: [[rules]] is missing 'name'");
+  expect_error(std::string(seed) + replace(api, "\"api\"", "\"default\""), "t.toml:9:8: duplicate rule name \"default\"");
+  const std::string dual =
+      "[[rules]]\nname = \"d\"\nalgorithm = \"sliding_window\"\nwindow = 60\ntenant_limit = 10\nuser_limit = 5\n";
+  ASSERT_TRUE(parse_config(dual, "t.toml").ok());
+  expect_error(replace(dual, "user_limit = 5\n", ""), "t.toml:1:1: [[rules]] is missing 'user_limit'");
+  expect_error(dual + "limit = 3\n", "t.toml:7:1: unknown key 'limit' in [[rules]] (a dual-layer rule");
+  expect_error("rules = [1]\n", "t.toml:1:10: each entry of rules must be a table");
+}
+
+TEST(Config, ServerBackendHttpErrors) {
+  const std::string s = std::string(seed);
+  expect_error(s + "[server]\nlisten = \"nohost\"\n", "t.toml:9:10: listen must be \"host:port\"");
+  expect_error(s + "[server]\nlisten = \"h:70000\"\n", "t.toml:9:10: listen must be");
+  expect_error(s + "[server]\nthreads = -1\n", "t.toml:9:11: threads must be between 0 and 256");
+  expect_error(s + "[backend]\ntype = \"etcd\"\n", "t.toml:9:8: type must be memory, redis or redis_cluster");
+  expect_error(s + "[backend]\non_error = \"maybe\"\n", "t.toml:9:12: on_error must be allow, deny or local");
+  expect_error(s + "[backend]\naddresses = \"a:1\"\n", "t.toml:9:13: addresses must be an array");
+  expect_error(s + "[backend]\naddresses = [\"a:1\", 2]\n", "t.toml:9:21: each address must be");
+  expect_error(s + "[backend]\ntimeout_ms = 0\n", "t.toml:9:14: timeout_ms must be between 1");
+  expect_error(s + "[backend]\nusername = \"u\"\n", "t.toml:9:12: username needs a password");
+  expect_error(s + "[http]\nietf_headers = \"yes\"\n", "t.toml:9:16: ietf_headers must be a boolean");
+  expect_error(s + "[http]\nietf = true\n", "t.toml:9:1: unknown key 'ietf' in [http]");
+}
+
+TEST(Config, LoadConfigNamesMissingFile) {
+  auto c = load_config("/nonexistent/sluice.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().message, "/nonexistent/sluice.toml: cannot open the file");
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Found by fuzz/fuzz_config: toml++ 3.3 asserted on a table header that does not start a key.
+TEST(Config, TableHeaderWithoutKeyStartIsAnError) {
+  for (const char* text : {"[!a]\n", "[!\n", "[[!a]]\n", "[ !a]\n", "[[[1]]]\n", "[[=\n"}) {
+    auto c = parse_config(text, "t.toml");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.error().message.rfind("t.toml:1:", 0), 0u) << c.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Found by fuzz/fuzz_config: toml++ 3.3 reached __builtin_unreachable classifying some non-ASCII
+// characters between tokens (U+0271 here); they are now plain parse errors.
+TEST(Config, NonAsciiBetweenTokensIsAnError) {
+  for (const char* text : {"\xc9\xb1", "[ratelimit]\nenabled = true\xc9\xb1\n", "x = 1 \xc3\xa9\n", "[a\xc9\xb1]\n"}) {
+    auto c = parse_config(text, "t.toml");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.error().message.rfind("t.toml:", 0), 0u) << c.error().message;
+  }
+  // Inside strings (also after a line-ending backslash) and comments any character is fine.
+  auto ok = parse_config("# r\xc3\xa8gle\n[[rules]]\nname = \"api\" # \xc9\xb1\nalgorithm = 'token_bucket'\nrate = 1\nburst = 2\n"
+                         "[backend]\nkey_prefix = \"\"\"a\\\n  \xc9\xb1\"\"\"\n",
+                         "t.toml");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok->backend.key_prefix, "a\xc9\xb1");
+}
+
+}  // namespace
+}  // namespace sluice
