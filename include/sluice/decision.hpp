@@ -45,7 +45,8 @@ struct [[nodiscard]] decision {
 
   // Dual-layer checks only (`dual_layer == true`); `remaining` is then min(tenant, user).
   bool dual_layer = false;
-  layer rejected_by = layer::none;
+  layer rejected_by = layer::none;  ///< The refusing layer (tenant when both refuse).
+  layer binding = layer::none;      ///< The layer whose figures `limit` and `remaining` report.
   layer_figures tenant;
   layer_figures user;
 
@@ -55,6 +56,14 @@ struct [[nodiscard]] decision {
 /// A retry_after meaning "never": the request can never be admitted at the current parameters
 /// (a bucket with burst 0, or a rate of 0 once the initial burst is spent).
 inline constexpr nanoseconds never = nanoseconds::max();
+
+/// The dual-layer decision made of each layer's own decision, as each stands after the check (a layer
+/// that would have admitted but recorded nothing because the other refused reports its unchanged
+/// state). Admitted only when both admitted. The binding layer is the refusing one, else the one
+/// with less remaining; `limit` is its limit, `remaining` the smaller of the two, `retry_after` the
+/// longest of the refusing layers', `reset_after` the longer of the two. Every dual-layer check, in
+/// process or on Redis, builds its answer here.
+decision combine_layers(const decision& tenant, const decision& user) noexcept;
 
 std::string_view to_string(layer l) noexcept;
 std::string_view to_string(decision_source s) noexcept;

@@ -50,36 +50,23 @@ decision check_and_commit(State& s, const Params& p, std::int64_t now, std::int6
 }
 
 /// Both layers of a dual-layer check, all or nothing: admitted only when both admit, and then both
-/// record; a refusal records in neither. `remaining` is the smaller of the two; `rejected_by` names the
-/// refusing layer (tenant first when both refuse). The caller holds both states' locks.
+/// record; a refusal records in neither, so a user refused by their own limit uses none of the
+/// tenant's and vice versa. The caller holds both states' locks.
 template <class TenantState, class TenantParams, class UserState, class UserParams>
 decision check_dual_layer(TenantState& tenant, const TenantParams& tp, UserState& user, const UserParams& up,
                           std::int64_t now, std::int64_t cost) {
   decision t = tenant.evaluate(tp, now, cost);
   decision u = user.evaluate(up, now, cost);
-  decision d;
-  d.dual_layer = true;
-  d.allowed = t.allowed && u.allowed;
-  if (d.allowed) {
+  if (t.allowed && u.allowed) {
     tenant.commit(tp, now, cost);
     user.commit(up, now, cost);
   } else {
-    d.rejected_by = t.allowed ? layer::user : layer::tenant;
     // The layer that would have admitted records nothing: it keeps what it had before this check
     // (evaluate reported what would remain after taking `cost`).
     if (t.allowed) t.remaining += cost;
     if (u.allowed) u.remaining += cost;
   }
-  d.tenant = {t.limit, t.remaining};
-  d.user = {u.limit, u.remaining};
-  // Report the binding layer: the refusing one, or the one with less left.
-  const decision& binding = !t.allowed ? t : (!u.allowed ? u : (t.remaining < u.remaining ? t : u));
-  d.limit = binding.limit;
-  d.remaining = std::min(t.remaining, u.remaining);
-  d.retry_after = d.allowed ? nanoseconds::zero() : std::max(t.allowed ? nanoseconds::zero() : t.retry_after,
-                                                             u.allowed ? nanoseconds::zero() : u.retry_after);
-  d.reset_after = std::max(t.reset_after, u.reset_after);
-  return d;
+  return combine_layers(t, u);
 }
 
 }  // namespace sluice

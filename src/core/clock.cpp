@@ -5,7 +5,6 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "sluice/decision.hpp"
 
 namespace sluice {
 namespace {
@@ -57,26 +56,6 @@ nanoseconds coarse_clock_resolution() noexcept {
   timespec ts{};
   clock_getres(CLOCK_MONOTONIC_COARSE, &ts);
   return std::chrono::seconds(ts.tv_sec) + nanoseconds(ts.tv_nsec);
-}
-
-std::string_view to_string(layer l) noexcept {
-  switch (l) {
-    case layer::none: return "none";
-    case layer::tenant: return "tenant";
-    case layer::user: return "user";
-  }
-  return "none";
-}
-
-std::string_view to_string(decision_source s) noexcept {
-  switch (s) {
-    case decision_source::limiter: return "limiter";
-    case decision_source::fail_open: return "fail_open";
-    case decision_source::fail_closed: return "fail_closed";
-    case decision_source::local_fallback: return "local_fallback";
-    case decision_source::disabled: return "disabled";
-  }
-  return "limiter";
 }
 
 }  // namespace sluice

@@ -25,14 +25,14 @@ decision sliding_window_log_state::evaluate(const window_params& p, std::int64_t
   const auto live = static_cast<std::int64_t>(size());
   decision d;
   d.limit = p.limit;
-  if (live + cost <= p.limit) {
+  if (cost <= p.limit - live) {  // not live + cost: limits up to 2^63 − 1 must not overflow
     d.allowed = true;
     d.remaining = p.limit - live - cost;
     d.reset_after = nanoseconds(p.window_ns);  // the newest entry will be `now`
     return d;
   }
   // The (live + cost − limit)-th oldest entry must leave the window first.
-  const std::int64_t must_expire = live + cost - p.limit;
+  const std::int64_t must_expire = cost - (p.limit - live);
   const std::int64_t t = times_[head_ + static_cast<std::size_t>(must_expire - 1)];
   d.remaining = p.limit - live;
   d.retry_after = nanoseconds(saturating::sub(saturating::add(t, p.window_ns), now));
@@ -88,7 +88,7 @@ decision sliding_window_counter_state::evaluate(const window_params& p, std::int
   const int128 W = p.window_ns;
   const int128 weight = W - w.elapsed;  // previous window's overlap with (now − W, now], in ns
   // All comparisons scaled by W, in 128 bits: exact, no overflow.
-  const int128 estimate_after = prev * weight + static_cast<int128>(cur + cost) * W;
+  const int128 estimate_after = prev * weight + (static_cast<int128>(cur) + cost) * W;
   const int128 capacity = static_cast<int128>(p.limit) * W;
   decision d;
   d.limit = p.limit;
@@ -100,7 +100,7 @@ decision sliding_window_counter_state::evaluate(const window_params& p, std::int
   // Full again when both windows are empty: the end of the next window if this one has admissions.
   d.reset_after = nanoseconds(cur_after > 0 ? saturating::add(to_window_end, p.window_ns) : (prev > 0 ? to_window_end : 0));
   if (d.allowed) return d;
-  if (cur + cost <= p.limit) {
+  if (cost <= p.limit - cur) {
     // Within this window, once the previous window's weight has fallen far enough:
     // prev × (W − e) <= (limit − cur − cost) × W  ⇔  e >= W − (limit − cur − cost) × W / prev.
     const int128 slack = static_cast<int128>(p.limit - cur - cost) * W;
@@ -144,7 +144,7 @@ decision fixed_window_state::evaluate(const window_params& p, std::int64_t now, 
   const std::int64_t to_window_end = p.window_ns - w.elapsed;
   decision d;
   d.limit = p.limit;
-  d.allowed = used + cost <= p.limit;
+  d.allowed = cost <= p.limit - used;
   const std::int64_t used_after = d.allowed ? used + cost : used;
   d.remaining = p.limit - used_after;
   d.reset_after = nanoseconds(used_after > 0 ? to_window_end : 0);

@@ -58,8 +58,8 @@ std::vector<header_field> rate_limit_headers(const decision& d, const rule& r,
     fields.push_back({"X-RateLimit-Reset", std::to_string(unix_now + reset_s)});
   }
   if (options.ietf_fields) {
-    // For a dual-layer rule the figures shown are those of the binding layer (decision.limit).
-    const policy& p = d.dual_layer && d.rejected_by == layer::tenant && r.tenant ? *r.tenant : r.limit;
+    // For a dual-layer rule the figures shown are those of the binding layer.
+    const policy& p = d.dual_layer && d.binding == layer::tenant && r.tenant ? *r.tenant : r.limit;
     std::string name = sf_string(r.name);
     fields.push_back({"RateLimit-Policy",
                       name + ";q=" + std::to_string(d.limit) + ";w=" + std::to_string(policy_window_seconds(p))});

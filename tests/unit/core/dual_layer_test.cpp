@@ -59,6 +59,36 @@ TEST(DualLayer, TenantRefusalLeavesUserUnchanged) {
   EXPECT_EQ(r.limit, 2);
 }
 
+TEST(DualLayer, AdmittedDecisionReportsTheBindingLayer) {
+  dual_layer d = make(sliding_window_policy(5, 60s), sliding_window_policy(100, 60s));
+  decision a = acquire(d, t0);
+  EXPECT_TRUE(a.allowed);
+  EXPECT_EQ(a.binding, layer::tenant);  // 4 left of 5 binds before 99 of 100
+  EXPECT_EQ(a.limit, 5);
+  EXPECT_EQ(a.remaining, 4);
+  EXPECT_EQ(a.rejected_by, layer::none);
+}
+
+TEST(DualLayer, CombineLayers) {
+  decision t{.allowed = true, .limit = 10, .remaining = 7, .reset_after = 5s};
+  decision u{.allowed = false, .limit = 3, .remaining = 0, .retry_after = 2s, .reset_after = 9s};
+  decision d = combine_layers(t, u);
+  EXPECT_FALSE(d.allowed);
+  EXPECT_TRUE(d.dual_layer);
+  EXPECT_EQ(d.rejected_by, layer::user);
+  EXPECT_EQ(d.binding, layer::user);
+  EXPECT_EQ(d.limit, 3);
+  EXPECT_EQ(d.remaining, 0);
+  EXPECT_EQ(d.retry_after, 2s);
+  EXPECT_EQ(d.reset_after, 9s);
+  EXPECT_EQ(d.tenant.remaining, 7);
+  t.allowed = false;
+  t.retry_after = 4s;
+  decision both = combine_layers(t, u);
+  EXPECT_EQ(both.rejected_by, layer::tenant);
+  EXPECT_EQ(both.retry_after, 4s);  // the longest wait of the refusing layers
+}
+
 TEST(DualLayer, MixedAlgorithmsAndCostErrors) {
   dual_layer d = make(fixed_window_policy(5, 10s), sliding_window_counter_policy(100, 10s));
   EXPECT_TRUE(acquire(d, t0, 5).allowed);

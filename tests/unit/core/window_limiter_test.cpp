@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <random>
 
 namespace sluice {
@@ -191,6 +192,29 @@ TEST(FixedWindow, AllowsTwiceTheLimitAcrossABoundary) {
   for (int i = 0; i < 10; ++i) admitted += acquire(q, t0 + 10s - 1ns).allowed;
   for (int i = 0; i < 10; ++i) admitted += acquire(q, t0 + 10s).allowed;
   EXPECT_EQ(admitted, 10);
+}
+
+}  // namespace
+}  // namespace sluice
+
+namespace sluice {
+namespace {
+
+// Limits near the top of the 64-bit range neither overflow nor lose admissions.
+TEST(WindowLimiters, HugeLimitsDoNotOverflow) {
+  constexpr std::int64_t huge = std::numeric_limits<std::int64_t>::max();
+  auto q = fixed_window::create({.limit = huge, .window = std::chrono::hours(1)}).value();
+  EXPECT_TRUE(q.try_acquire(t0, huge - 1).value().allowed);
+  EXPECT_TRUE(q.try_acquire(t0, 1).value().allowed);
+  decision full = q.try_acquire(t0, huge).value();
+  EXPECT_FALSE(full.allowed);
+  EXPECT_EQ(full.remaining, 0);
+  auto c = sliding_window_counter::create({.limit = huge, .window = std::chrono::hours(1)}).value();
+  EXPECT_TRUE(c.try_acquire(t0, huge - 1).value().allowed);
+  EXPECT_FALSE(c.try_acquire(t0, 2).value().allowed);
+  auto log = sliding_window_log::create({.limit = huge, .window = std::chrono::hours(1)}).value();
+  EXPECT_TRUE(log.try_acquire(t0, 1).value().allowed);
+  EXPECT_EQ(log.try_acquire(t0, 1).value().remaining, huge - 2);
 }
 
 }  // namespace

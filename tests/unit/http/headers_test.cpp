@@ -49,6 +49,17 @@ TEST(Headers, IetfFields) {
   EXPECT_EQ(h.count("X-RateLimit-Limit"), 0u);
 }
 
+TEST(Headers, DualLayerShowsTheBindingLayersPolicy) {
+  rule r{.name = "d", .limit = sliding_window_policy(100, 60s), .tenant = sliding_window_policy(5, 5s)};
+  decision d{.allowed = true, .limit = 5, .remaining = 4, .reset_after = 5s, .dual_layer = true,
+             .binding = layer::tenant};
+  auto h = as_map(rate_limit_headers(d, r, wall, {.ietf_fields = true}));
+  EXPECT_EQ(h["RateLimit-Policy"], "\"d\";q=5;w=5");
+  d.binding = layer::user;
+  d.limit = 100;
+  EXPECT_EQ(as_map(rate_limit_headers(d, r, wall, {.ietf_fields = true}))["RateLimit-Policy"], "\"d\";q=100;w=60");
+}
+
 TEST(Headers, TokenBucketWindowIsTimeToRefill) {
   EXPECT_EQ(policy_window_seconds(token_bucket_policy(per_second(5), 60)), 12);
   EXPECT_EQ(policy_window_seconds(token_bucket_policy(per_second(0), 60)), 1);
