@@ -25,11 +25,14 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <random>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include <sys/mman.h>
+
+#include "keyed/siphash.hpp"
 
 namespace sluice::detail {
 
@@ -106,7 +109,6 @@ class stored_key {
 };
 static_assert(sizeof(stored_key) == 16);
 
-inline std::uint64_t hash_key(std::string_view key) noexcept { return std::hash<std::string_view>{}(key); }
 
 /// Allocates arrays of 2 MiB and more on transparent huge pages (asked for with madvise), so that
 /// random access to a large table misses the TLB far less; smaller ones come from operator new.
@@ -140,7 +142,7 @@ class keyed_table {
  public:
   /// `max_keys` is the hard cap over all shards (>= 1).
   keyed_table(Params params, std::size_t max_keys, State initial)
-      : params_(params), initial_(std::move(initial)) {
+      : params_(params), initial_(std::move(initial)), hash_key_(random_sip_key()) {
     // Few shards for small caps keep the cap exact; 16 for large ones spread the locks and keep
     // each shard's array large enough for huge pages.
     std::size_t shards = std::clamp<std::size_t>(std::bit_floor(std::max<std::size_t>(max_keys / 1024, 1)), 1, 16);
@@ -154,7 +156,7 @@ class keyed_table {
   /// Finds or creates the entry for `key` and calls fn(State&) under its shard's lock.
   template <class Fn>
   auto with_entry(std::string_view key, std::int64_t now, Fn&& fn) {
-    const std::uint64_t h = hash_key(key);
+    const std::uint64_t h = hash(key);
     shard& s = shard_for(h);
     std::lock_guard lock(s.mutex);
     return fn(find_or_insert(s, key, h, now));
@@ -166,7 +168,7 @@ class keyed_table {
   template <class OtherTable, class Fn>
   friend auto with_entry_pair(keyed_table& first, std::string_view k1, OtherTable& second, std::string_view k2,
                               std::int64_t now, Fn&& fn) {
-    const std::uint64_t h1 = hash_key(k1);
+    const std::uint64_t h1 = first.hash(k1);
     shard& s1 = first.shard_for(h1);
     std::lock_guard lock1(s1.mutex);
     State& e1 = first.find_or_insert(s1, k1, h1, now);
@@ -209,6 +211,14 @@ class keyed_table {
     std::size_t heap_bytes = 0;
     std::size_t inserts_since_sweep = 0;
   };
+
+  // Keys come from outside: a secret per-table key keeps chosen-collision floods out.
+  static sip_key random_sip_key() {
+    std::random_device rd;
+    auto word = [&] { return (static_cast<std::uint64_t>(rd()) << 32) | rd(); };
+    return {word(), word()};
+  }
+  std::uint64_t hash(std::string_view key) const noexcept { return siphash<1, 3>(hash_key_, key); }
 
   std::size_t shard_count() const noexcept { return std::size_t{1} << shard_bits_; }
   shard& shard_for(std::uint64_t h) noexcept { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
@@ -274,7 +284,7 @@ class keyed_table {
     s.heap_bytes = 0;
     for (slot& e : old) {
       if (e.key.empty() || is_idle(e, now)) continue;
-      slot& dst = s.slots[insert_position(s, hash_key(e.key.view()))];
+      slot& dst = s.slots[insert_position(s, hash(e.key.view()))];
       s.heap_bytes += e.key.heap_bytes();
       dst = std::move(e);
       ++s.size;
@@ -308,7 +318,7 @@ class keyed_table {
     s.slots[i].key.reset();
     --s.size;
     for (std::size_t j = (i + 1) & mask; !s.slots[j].key.empty(); j = (j + 1) & mask) {
-      const std::size_t home = hash_key(s.slots[j].key.view()) & mask;
+      const std::size_t home = hash(s.slots[j].key.view()) & mask;
       // Leave slot j where it is if its home lies cyclically in (i, j].
       const bool stays = i <= j ? (i < home && home <= j) : (i < home || home <= j);
       if (stays) continue;
@@ -321,6 +331,7 @@ class keyed_table {
 
   const Params params_;
   const State initial_;
+  const sip_key hash_key_;
   unsigned shard_bits_ = 0;
   std::size_t shard_cap_ = 1;
   std::unique_ptr<shard[]> shards_;

@@ -124,3 +124,22 @@ TEST(KeyedLimiter, MemoryPerTokenBucketKeyIsBounded) {
 
 }  // namespace
 }  // namespace sluice
+
+#include "keyed/siphash.hpp"
+
+namespace sluice::detail {
+namespace {
+
+// The reference vectors of SipHash-2-4 (key 00..0f, messages 00, 00 01, ...): the implementation the
+// keyed tables run with 1-3 rounds is the same code.
+TEST(SipHash, ReferenceVectors) {
+  const sip_key key{0x0706050403020100ULL, 0x0f0e0d0c0b0a0908ULL};
+  std::string message;
+  for (int i = 0; i < 15; ++i) message += static_cast<char>(i);
+  EXPECT_EQ((siphash<2, 4>(key, "")), 0x726fdb47dd0e0e31ULL);
+  EXPECT_EQ((siphash<2, 4>(key, std::string_view(message.data(), 8))), 0x93f5f5799a932462ULL);
+  EXPECT_EQ((siphash<2, 4>(key, message)), 0xa129ca6149be45e5ULL);
+}
+
+}  // namespace
+}  // namespace sluice::detail
