@@ -5,7 +5,7 @@ BUILD := cmake --build
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-.PHONY: all deps build run test test-asan test-tsan test-release bench bench-peers package clean
+.PHONY: all deps build build-run run test test-asan test-tsan test-release bench bench-peers package clean
 
 all: build
 
@@ -16,8 +16,13 @@ build: deps
 	cmake --preset release >/dev/null
 	$(BUILD) build -j$(JOBS)
 
+# Only what `make run` starts, so the first run does not wait for the tests and benchmarks.
+build-run: deps
+	cmake --preset release >/dev/null
+	$(BUILD) build -j$(JOBS) --target sluiced sluice-demo
+
 # sluiced on 127.0.0.1:8080 with the in-process backend: nothing else to start.
-run: build
+run: build-run
 	@echo "sluiced on http://127.0.0.1:8080 (Ctrl-C stops). Try:"
 	@echo "  curl -si -d '{\"rule\":\"api\",\"key\":\"user:42\"}' http://127.0.0.1:8080/v1/check"
 	@echo "  curl -si -d '{\"rule\":\"tenant_api\",\"tenant\":\"acme\",\"user\":\"bob\"}' http://127.0.0.1:8080/v1/check"
