@@ -154,7 +154,7 @@ struct app {
       if (mw) {
         for (const auto& c : mw->counters()) {
           rules.push_back({{"rule", c.rule}, {"admitted", c.admitted}, {"refused", c.refused},
-                           {"backend_errors", c.backend_errors}});
+                           {"backend_errors", c.backend_errors}, {"invalid", c.invalid}});
         }
       }
       return reply(req, bhttp::status::ok, json{{"rules", rules}}.dump());

@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
     for (const auto& c : m->counters()) {
       if (body.back() != '[') body += ", ";
       body += "{\"rule\": \"" + c.rule + "\", \"admitted\": " + std::to_string(c.admitted) +
-              ", \"refused\": " + std::to_string(c.refused) + ", \"backend_errors\": " + std::to_string(c.backend_errors) + "}";
+              ", \"refused\": " + std::to_string(c.refused) + ", \"backend_errors\": " + std::to_string(c.backend_errors) +
+              ", \"invalid\": " + std::to_string(c.invalid) + "}";
     }
     res.set_content(body + "]}", "application/json");
   });

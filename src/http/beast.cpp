@@ -110,7 +110,7 @@ std::optional<pending_check> limiter::prepare(const request& req, const asio::ip
   if (!route) return std::nullopt;
 
   std::optional<identity> who;
-  if (middleware::needs_identity(*route) && identify_) who = identify_(req);
+  if (mw_->needs_identity(*route) && identify_) who = identify_(req);
 
   // The peer as bytes: no text round trip on every request.
   ip_address peer_ip;

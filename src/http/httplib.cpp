@@ -28,7 +28,7 @@ limiter::limiter(std::shared_ptr<middleware> mw, identify_function identify)
   if (!route) return ::httplib::Server::HandlerResponse::Unhandled;
 
   std::optional<identity> who;
-  if (middleware::needs_identity(*route) && identify_) who = identify_(req);
+  if (mw_->needs_identity(*route) && identify_) who = identify_(req);
   // Only the configured forwarding header, and only when some proxy is trusted at all.
   bool use_forwarded = mw_->options().client_ip_header == forwarding_header::forwarded;
   std::string forwarding;

@@ -1,8 +1,9 @@
 #include "sluice/http/middleware.hpp"
 
-#include "sluice/memory_backend.hpp"
-
 #include <arpa/inet.h>
+#include <openssl/evp.h>
+
+#include "sluice/memory_backend.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -324,6 +325,41 @@ std::string json_escape(std::string_view s) {
   return out;
 }
 
+// SHA-256 of an id, by OpenSSL (already a dependency of Debian's cpp-httplib). Keys of over-long ids
+// are derived from it: a digest every process of a shared (Redis) deployment computes alike, and for
+// which no one can craft an id that lands on another caller's key.
+std::array<std::uint8_t, 32> sha256(std::string_view data) noexcept {
+  std::array<std::uint8_t, 32> out{};
+  unsigned int size = 0;
+  EVP_Digest(data.data(), data.size(), out.data(), &size, EVP_sha256(), nullptr);
+  return out;
+}
+
+// "<prefix>:<id>", or, when that would exceed max_key_length, "<prefix>#" and the first 128 bits
+// of SHA-256(id) in hex: long ids are limited like short ones (a '#' key never equals a ':' key).
+std::string id_key(std::string_view prefix, std::string_view id) {
+  std::string key;
+  if (prefix.size() + 1 + id.size() <= max_key_length) {
+    key.reserve(prefix.size() + 1 + id.size());
+    key.append(prefix).append(1, ':').append(id);
+    return key;
+  }
+  static constexpr char hex[] = "0123456789abcdef";
+  auto digest = sha256(id);
+  key.reserve(prefix.size() + 1 + 32);
+  key.append(prefix).append(1, '#');
+  for (std::size_t i = 0; i < 16; ++i) {
+    key += hex[digest[i] >> 4];
+    key += hex[digest[i] & 0xf];
+  }
+  return key;
+}
+
+bool is_backend_failure(const std::error_code& code) noexcept {
+  return code == errc::backend_unavailable || code == errc::backend_timeout || code == errc::backend_protocol ||
+         code == errc::backend_overloaded;
+}
+
 }  // namespace
 
 std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds) {
@@ -361,10 +397,10 @@ result<std::shared_ptr<middleware>> middleware::create(middleware_options option
     if (!c) return c.error();
     trusted.push_back(*c);
   }
-  return std::make_shared<middleware>(std::move(options), std::move(trusted));
+  return std::make_shared<middleware>(private_tag{}, std::move(options), std::move(trusted));
 }
 
-middleware::middleware(middleware_options options, std::vector<cidr> trusted)
+middleware::middleware(private_tag, middleware_options options, std::vector<cidr> trusted)
     : options_(std::move(options)),
       trusted_(std::move(trusted)),
       counters_(std::make_unique<atomic_counters[]>(options_.rules.size())),
@@ -372,6 +408,8 @@ middleware::middleware(middleware_options options, std::vector<cidr> trusted)
   for (const auto& r : options_.routes) {
     auto it = std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
     route_rule_.push_back(static_cast<std::size_t>(it - options_.rules.begin()));
+    bool keys_on_identity = r.key == key_by::user || r.key == key_by::tenant || r.key == key_by::api_key;
+    route_needs_identity_.push_back(keys_on_identity || it->is_dual_layer());
   }
 }
 
@@ -390,8 +428,9 @@ bool middleware::is_trusted_proxy(const ip_address& peer) const noexcept {
   return std::any_of(trusted_.begin(), trusted_.end(), [&](const cidr& c) { return c.contains(peer); });
 }
 
-bool middleware::needs_identity(const route_limit& route) noexcept {
-  return route.key == key_by::user || route.key == key_by::tenant || route.key == key_by::api_key;
+bool middleware::needs_identity(const route_limit& route) const noexcept {
+  auto index = static_cast<std::size_t>(&route - options_.routes.data());
+  return index < route_needs_identity_.size() && route_needs_identity_[index];
 }
 
 pending_check middleware::prepare(const route_limit& route, const address_sources& from, const identity* who) const {
@@ -416,16 +455,16 @@ pending_check middleware::prepare(const route_limit& route, const address_source
   bool known = false;  // the identity supplied what the route keys on
   switch (route.key) {
     case key_by::user:
-      known = who && !who->user.empty() && (!r.is_dual_layer() || !who->tenant.empty());
-      if (known) key = "user:" + who->user;
+      known = who && !who->user.empty();
+      if (known) key = id_key("user", who->user);
       break;
     case key_by::tenant:
       known = who && !who->tenant.empty();
-      if (known) key = "tenant:" + who->tenant;
+      if (known) key = id_key("tenant", who->tenant);
       break;
     case key_by::api_key:
       known = who && !who->api_key.empty();
-      if (known) key = "key:" + who->api_key;
+      if (known) key = id_key("key", who->api_key);
       break;
     case key_by::client_ip:
       key = client_key();
@@ -439,15 +478,12 @@ pending_check middleware::prepare(const route_limit& route, const address_source
   if (!known) key = anonymous();
 
   if (r.is_dual_layer()) {
-    // Known users: their tenant and themselves. Anonymous requests form one pseudo-tenant of their
-    // own, so they cannot spend a real tenant's budget. Prefixes keep the two name spaces apart.
-    if (route.key == key_by::user && known) {
-      p.tenant_ = "tenant:" + who->tenant;
-      p.user_ = std::move(key);
-    } else {
-      p.tenant_ = known && route.key == key_by::tenant ? key : std::string("anonymous");
-      p.user_ = std::move(key);
-    }
+    // The tenant layer is the caller's tenant whenever the identity names one, whatever the route
+    // keys on. Only callers without a tenant form the "anonymous" pseudo-tenant, so anonymous
+    // traffic can neither spend a real tenant's budget nor exhaust the one identified callers use.
+    bool tenant_known = who && !who->tenant.empty();
+    p.tenant_ = tenant_known ? id_key("tenant", who->tenant) : std::string("anonymous");
+    p.user_ = std::move(key);
   } else {
     p.key_ = std::move(key);
   }
@@ -460,10 +496,12 @@ outcome middleware::check(const pending_check& pending) {
 
 void middleware::check_async(pending_check pending, std::function<void(outcome)> done) {
   // The backend's request views the key strings: keep them at one place until the callback.
+  // `self` keeps the middleware (its rules, which the request views, and its counters) alive
+  // until the callback has run, even if its owners drop it meanwhile.
   auto held = std::make_shared<pending_check>(std::move(pending));
   check_request req = held->request();
-  options_.backend->async_check(req, [this, held, done = std::move(done)](result<decision> d) {
-    done(complete(*held, d));
+  options_.backend->async_check(req, [self = shared_from_this(), held, done = std::move(done)](result<decision> d) {
+    done(self->complete(*held, d));
   });
 }
 
@@ -473,6 +511,26 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   bool shadow = options_.enforcement == enforcement::shadow;
   outcome o;
 
+  if (!answer && !is_backend_failure(answer.error().code)) {
+    // The check itself cannot be made (cost over the burst, key cap reached, invalid key): that is
+    // not an outage, and letting it through would let a request around the limit. Refuse it.
+    c.invalid.fetch_add(1, std::memory_order_relaxed);
+    c.refused.fetch_add(1, std::memory_order_relaxed);
+    if (shadow) {
+      c.admitted.fetch_add(1, std::memory_order_relaxed);
+      o.action = outcome::action::pass;
+      return o;
+    }
+    // A full key table may have room again soon; the other errors repeat for the same request.
+    bool transient = answer.error().code == errc::capacity_exhausted;
+    std::int64_t retry = transient ? 1 : retry_after_seconds(decision{.retry_after = never});
+    o.action = outcome::action::refuse;
+    o.status = 429;
+    o.headers.push_back({"Retry-After", std::to_string(retry)});
+    o.body = transient ? refusal_body("too_many_requests", "rate limiter at capacity, request refused", retry)
+                       : refusal_body("not_admissible", "the rate limit cannot admit this request", retry);
+    return o;
+  }
   if (!answer) {
     c.backend_errors.fetch_add(1, std::memory_order_relaxed);
     if (options_.on_error != failure_policy::deny || shadow) {
@@ -509,7 +567,8 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   o.status = 429;
   o.headers = rate_limit_headers(d, r, std::chrono::system_clock::now(), options_.headers);
   std::int64_t retry = retry_after_seconds(d);
-  bool by_tenant = d.dual_layer && d.rejected_by == layer::tenant && r.tenant;
+  // The binding layer (the refusing one) decides the wording, as it decides the header figures.
+  bool by_tenant = d.dual_layer && d.binding == layer::tenant && r.tenant;
   const policy& binding = by_tenant ? *r.tenant : r.limit;
   std::string scope = by_tenant ? "tenant " : "";
   if (binding.algorithm == algorithm::fixed_window) {
@@ -529,7 +588,8 @@ std::vector<rule_counters> middleware::counters() const {
     out.push_back({.rule = options_.rules[i].name,
                    .admitted = counters_[i].admitted.load(std::memory_order_relaxed),
                    .refused = counters_[i].refused.load(std::memory_order_relaxed),
-                   .backend_errors = counters_[i].backend_errors.load(std::memory_order_relaxed)});
+                   .backend_errors = counters_[i].backend_errors.load(std::memory_order_relaxed),
+                   .invalid = counters_[i].invalid.load(std::memory_order_relaxed)});
   }
   return out;
 }

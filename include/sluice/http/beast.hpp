@@ -13,7 +13,9 @@
 //   auto res = co_await lim.serve(req, peer_address, handle_request);
 //   co_await http::async_write(stream, res, use_awaitable);
 //
-// Thread-safe: one limiter may serve every session and thread. The middleware must outlive it.
+// Thread-safe: one limiter may serve every session and thread. It shares ownership of the
+// middleware, and a check in flight keeps the middleware alive by itself, so a limiter (or its
+// middleware) may be replaced while Redis checks are outstanding.
 #pragma once
 
 #include <utility>  // Boost 1.74's awaitable.hpp uses std::exchange without including it
@@ -35,7 +37,7 @@ using request = boost::beast::http::request<boost::beast::http::string_body>;
 using response = boost::beast::http::response<boost::beast::http::string_body>;
 
 /// The service's authentication: who sent the request, or nullopt for anonymous. Called only for
-/// routes keyed on an identity; must not block.
+/// routes keyed on an identity or with a dual-layer rule (middleware::needs_identity); must not block.
 using identify_function = std::function<std::optional<identity>(const request&)>;
 
 /// A handle_request-style function.

@@ -25,7 +25,7 @@
 namespace sluice::http::httplib {
 
 /// The service's authentication: who sent the request, or nullopt for anonymous. Called only for
-/// routes keyed on an identity.
+/// routes keyed on an identity or with a dual-layer rule (middleware::needs_identity).
 using identify_function = std::function<std::optional<identity>(const ::httplib::Request&)>;
 
 class limiter {

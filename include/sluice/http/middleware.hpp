@@ -17,7 +17,9 @@
 //   auto pending = (*mw)->prepare(*route, {.peer = "10.0.0.7"}, &who);   // who: from your auth
 //   sluice::http::outcome o = (*mw)->check(pending);                        // or check_async
 //
-// Thread-safe: a middleware may serve any number of threads; counters are atomics.
+// Thread-safe: a middleware may serve any number of threads; counters are atomics. A middleware
+// lives in a shared_ptr (create() makes it so): an asynchronous check in flight keeps it alive,
+// so it may be replaced or dropped at any time.
 #pragma once
 
 #include <array>
@@ -158,10 +160,12 @@ struct middleware_options {
   int ipv6_prefix = 64;
   /// Default: enforce.
   sluice::http::enforcement enforcement = enforcement::enforce;
-  /// What to do when the backend returns an error instead of a decision (a key that is too long,
-  /// a key cap reached, a remote backend without its own on_error fallback): allow = let the
-  /// request go on without headers; deny = answer 429. `local` is treated as allow. The middleware
-  /// never answers 500. Default: allow.
+  /// What to do when the backend fails (errc::backend_unavailable, backend_timeout,
+  /// backend_protocol, backend_overloaded: a remote backend without its own on_error fallback):
+  /// allow = let the request go on without headers; deny = answer 429. `local` is treated as
+  /// allow. Any other error means the check itself cannot be made (cost over the burst, a key cap
+  /// reached, an invalid key): that request is always refused with 429, whatever `on_error` says,
+  /// so it never becomes a way around the limit. The middleware never answers 500. Default: allow.
   failure_policy on_error = failure_policy::allow;
   /// Which header fields to send. Default: X-RateLimit-* only.
   header_options headers{};
@@ -172,7 +176,9 @@ struct rule_counters {
   std::string rule{};
   std::uint64_t admitted = 0;        ///< Requests that went on (including fail-open and shadow-refused).
   std::uint64_t refused = 0;         ///< Requests the limiter refused (in shadow mode: would have).
-  std::uint64_t backend_errors = 0;  ///< Checks that ended in an error, handled by `on_error`.
+  std::uint64_t backend_errors = 0;  ///< Backend failures, handled by `on_error`.
+  std::uint64_t invalid = 0;         ///< Checks the backend could not make (not a backend failure);
+                                     ///< also counted in `refused`.
 };
 
 /// What the HTTP layer does with a request.
@@ -213,7 +219,11 @@ class pending_check {
   std::string user_;
 };
 
-class middleware {
+class middleware : public std::enable_shared_from_this<middleware> {
+  struct private_tag {
+    explicit private_tag() = default;
+  };
+
  public:
   /// Validates the options (rules, unique names, routes naming known rules, CIDRs, ipv6_prefix).
   static result<std::shared_ptr<middleware>> create(middleware_options options);
@@ -222,13 +232,17 @@ class middleware {
   /// `target` may carry a query string.
   const route_limit* find(std::string_view method, std::string_view target) const noexcept;
 
-  /// True when `route` keys on an identity, i.e. the service's identity callback is needed.
-  static bool needs_identity(const route_limit& route) noexcept;
+  /// True when the service's identity callback is needed for `route` (a row find() returned): it
+  /// keys on an identity, or its rule is dual-layer (the tenant layer uses identity.tenant).
+  bool needs_identity(const route_limit& route) const noexcept;
 
   /// Derives the key(s) of a request of `route`, a row find() returned. `who` may be null
   /// (anonymous). Keys are "user:<id>", "tenant:<id>", "key:<id>", "ip:<address>", "global", or
-  /// "anonymous" (anonymous_key::global); over-long ids make the check fail with key_too_long,
-  /// which `on_error` handles.
+  /// "anonymous" (anonymous_key::global). An id too long for such a key (over `max_key_length`
+  /// with its prefix) is keyed on its digest instead: "user#", "tenant#" or "key#" and the first
+  /// 128 bits of its SHA-256 in lowercase hex, so it is limited like any other id.
+  /// Dual-layer rules: the tenant layer is "tenant:<who->tenant>" whenever the identity names a
+  /// tenant, whatever the route keys on; only callers without one share the "anonymous" tenant.
   pending_check prepare(const route_limit& route, const address_sources& from, const identity* who) const;
 
   /// True when `peer` is in `trusted_proxies` (adapters read the forwarding header only then).
@@ -241,8 +255,9 @@ class middleware {
   /// Blocking check (for thread-per-request servers such as cpp-httplib).
   outcome check(const pending_check& pending);
 
-  /// Asynchronous check: `done` runs once, inline or on the backend's thread. The middleware must
-  /// outlive the call.
+  /// Asynchronous check: `done` runs once, inline or on the backend's thread. The check holds a
+  /// reference to this middleware until `done` has run, so dropping the middleware meanwhile is
+  /// safe.
   void check_async(pending_check pending, std::function<void(outcome)> done);
 
   /// Turns a backend answer into an outcome and counts it. check() and check_async() call it.
@@ -254,18 +269,21 @@ class middleware {
   /// The options in force (after validation).
   const middleware_options& options() const noexcept { return options_; }
 
-  explicit middleware(middleware_options options, std::vector<cidr> trusted);  // use create()
+  /// Use create(): a middleware must live in a shared_ptr.
+  middleware(private_tag, middleware_options options, std::vector<cidr> trusted);
 
  private:
   struct atomic_counters {
     std::atomic<std::uint64_t> admitted{0};
     std::atomic<std::uint64_t> refused{0};
     std::atomic<std::uint64_t> backend_errors{0};
+    std::atomic<std::uint64_t> invalid{0};
   };
 
   middleware_options options_;
   std::vector<cidr> trusted_;
   std::vector<std::size_t> route_rule_;  // routes_[i] -> index into options_.rules
+  std::vector<bool> route_needs_identity_;  // routes_[i] -> needs_identity()
   std::unique_ptr<atomic_counters[]> counters_;
   bool completes_inline_ = false;
 };

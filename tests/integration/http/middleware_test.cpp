@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include "sluice/memory_backend.hpp"
+#include "sluice/testing/simulated_clock.hpp"
+
 #include <deque>
 #include <random>
 #include <string>
@@ -289,7 +292,7 @@ TEST_F(middleware_test, RefusalBodiesAndCodes) {
   EXPECT_NE(o.body.find("\"retry_after\": 3600"), std::string::npos) << o.body;
 
   fake->script.push_back(decision{.allowed = false, .limit = 100, .retry_after = 1s, .dual_layer = true,
-                                  .rejected_by = layer::tenant});
+                                  .rejected_by = layer::tenant, .binding = layer::tenant});
   o = run(*m, "GET", "/tenant", &alice);
   EXPECT_NE(o.body.find("tenant rate limit exceeded"), std::string::npos) << o.body;
 
@@ -344,6 +347,240 @@ TEST_F(middleware_test, AsyncCheckCompletes) {
   m->check_async(m->prepare(*r, {.peer = "192.0.2.1"}, nullptr), [&](outcome o) { got = std::move(o); });
   ASSERT_TRUE(got);
   EXPECT_EQ(got->action, outcome::action::admit);
+}
+
+// --- regressions --------------------------------------------------------------------------------
+
+// Errors that say the check cannot be made are not outages: on_error = allow must not admit them.
+TEST_F(middleware_test, RequestErrorsAreRefusedWhateverOnErrorSays) {
+  auto m = make(options());  // on_error = allow
+  for (errc e : {errc::invalid_argument, errc::key_too_long, errc::cost_exceeds_burst, errc::unknown_rule}) {
+    fake->script.push_back(error(e, "bad request"));
+    outcome o = run(*m, "GET", "/public", nullptr);
+    EXPECT_EQ(o.action, outcome::action::refuse) << static_cast<int>(e);
+    EXPECT_EQ(o.status, 429);
+    EXPECT_NE(o.body.find("\"code\": \"not_admissible\""), std::string::npos) << o.body;
+    ASSERT_EQ(o.headers.size(), 1u);
+    EXPECT_EQ(o.headers[0].name, "Retry-After");
+    EXPECT_EQ(o.headers[0].value, "86400");  // the same request never passes: no retry storm
+  }
+  fake->script.push_back(error(errc::capacity_exhausted, "full"));
+  outcome o = run(*m, "GET", "/public", nullptr);
+  EXPECT_EQ(o.action, outcome::action::refuse);
+  EXPECT_NE(o.body.find("\"code\": \"too_many_requests\""), std::string::npos) << o.body;
+  EXPECT_EQ(o.headers.at(0).value, "1");
+
+  // Only backend failures follow on_error.
+  for (errc e : {errc::backend_unavailable, errc::backend_timeout, errc::backend_protocol, errc::backend_overloaded}) {
+    fake->script.push_back(error(e, "down"));
+    EXPECT_EQ(run(*m, "GET", "/public", nullptr).action, outcome::action::pass) << static_cast<int>(e);
+  }
+  auto c = m->counters()[3];
+  EXPECT_EQ(c.invalid, 5u);
+  EXPECT_EQ(c.refused, 5u);
+  EXPECT_EQ(c.backend_errors, 4u);
+  EXPECT_EQ(c.admitted, 4u);
+
+  // Shadow mode still lets everything through, but counts it.
+  auto opts = options();
+  opts.enforcement = enforcement::shadow;
+  auto s = make(opts);
+  fake->script.push_back(error(errc::key_too_long, "long"));
+  EXPECT_EQ(run(*s, "GET", "/public", nullptr).action, outcome::action::pass);
+  EXPECT_EQ(s->counters()[3].invalid, 1u);
+}
+
+TEST_F(middleware_test, OverLongIdsAreKeyedOnTheirDigest) {
+  auto m = make(options());
+  auto key_of = [&](const identity& who, std::string_view target) {
+    fake->asked.clear();
+    (void)run(*m, "GET", target, &who);
+    return fake->asked.at(0).key;
+  };
+  // "user:" + 507 bytes is exactly max_key_length: kept as it is.
+  EXPECT_EQ(key_of({.user = std::string(507, 'a')}, "/notes"), "user:" + std::string(507, 'a'));
+  // Longer: "user#" + the first 128 bits of SHA-256(id) (vectors from Python's hashlib; the
+  // lengths cover one and two final SHA-256 blocks).
+  EXPECT_EQ(key_of({.user = std::string(508, 'a')}, "/notes"), "user#f93f35cc413fbd7a7bc53ce4e81776e9");
+  EXPECT_EQ(key_of({.user = std::string(600, 'a')}, "/notes"), "user#ba35c170729417f1499e0886e7e12fcd");
+  EXPECT_EQ(key_of({.user = std::string(1000, 'b')}, "/notes"), "user#f6f118e120e52be0bd0cfdf2794cd12c");
+  EXPECT_EQ(key_of({.user = std::string(567, 'x')}, "/notes"), "user#b2ef9f10093e1f6590e0f8df84092751");
+  EXPECT_EQ(key_of({.user = std::string(568, 'x')}, "/notes"), "user#4c4e7b818fc26f34c4a2ef7f0e3df9c3");
+  EXPECT_EQ(key_of({.user = std::string(576, 'x')}, "/notes"), "user#f88436cba79dda1b2a14526ccd64207b");
+  EXPECT_EQ(key_of({.api_key = std::string(510, 'k')}, "/keys"), "key#778a8ca56e915e224a53bc981d235696");
+
+  identity long_tenant{.user = "alice", .tenant = std::string(600, 't')};
+  fake->asked.clear();
+  (void)run(*m, "GET", "/tenant/x", &long_tenant);
+  EXPECT_EQ(fake->asked.at(0).tenant, "tenant#7c40b9bfc399c6937670fad796d9a696");
+  EXPECT_EQ(fake->asked.at(0).user, "user:alice");
+}
+
+// The reported bypass: limit 1, a 600-byte user id, 100 requests. Exactly one may go on.
+TEST(MiddlewareMemory, LongIdentityCannotBypassTheLimit) {
+  sluice::testing::simulated_clock clock;
+  std::shared_ptr<backend> b = make_memory_backend({.clock = &clock});
+  auto m = middleware::create({.backend = b,
+                               .rules = {{.name = "one", .limit = token_bucket_policy(per_second(0), 1)}},
+                               .routes = {{.path = "/x", .rule = "one", .key = key_by::user}}});
+  ASSERT_TRUE(m.ok());
+  auto run = [&](const identity& who) {
+    return (*m)->check((*m)->prepare(*(*m)->find("GET", "/x"), {.peer = "192.0.2.1"}, &who)).action;
+  };
+  identity longer{.user = std::string(600, 'u')};
+  int admitted = 0;
+  for (int i = 0; i < 100; ++i) admitted += run(longer) != outcome::action::refuse;
+  EXPECT_EQ(admitted, 1);
+  // Another long id (differing only past byte 512) has its own budget.
+  identity other{.user = std::string(599, 'u') + "v"};
+  EXPECT_EQ(run(other), outcome::action::admit);
+  EXPECT_EQ((*m)->counters()[0].invalid, 0u);
+
+  // A check the backend refuses as invalid (cost over the burst) is refused, not waved through.
+  auto c = middleware::create({.backend = b,
+                               .rules = {{.name = "small", .limit = token_bucket_policy(per_second(1), 2)}},
+                               .routes = {{.path = "/x", .rule = "small", .key = key_by::user, .cost = 5}}});
+  ASSERT_TRUE(c.ok());
+  identity alice{.user = "alice"};
+  outcome o = (*c)->check((*c)->prepare(*(*c)->find("GET", "/x"), {.peer = "192.0.2.1"}, &alice));
+  EXPECT_EQ(o.action, outcome::action::refuse);
+  EXPECT_EQ((*c)->counters()[0].invalid, 1u);
+}
+
+// Keeps each async_check's handler until the test fires it, as a Redis backend does while the
+// reply is outstanding.
+class deferred_backend : public backend {
+ public:
+  result<decision> check(const check_request&) override { return decision{.allowed = true, .limit = 60, .remaining = 59}; }
+  void async_check(const check_request& req, check_handler handler) override {
+    keys.emplace_back(req.key);
+    handlers.push_back(std::move(handler));
+  }
+  bool ready() override { return true; }
+  std::vector<std::string> keys;
+  std::vector<check_handler> handlers;
+};
+
+TEST(MiddlewareLifetime, InFlightAsyncCheckKeepsTheMiddlewareAlive) {
+  auto b = std::make_shared<deferred_backend>();
+  auto m = middleware::create({.backend = b,
+                               .rules = {{.name = "api", .limit = token_bucket_policy(per_second(5), 60)}},
+                               .routes = {{.path = "/x", .rule = "api", .key = key_by::client_ip}}});
+  ASSERT_TRUE(m.ok());
+  std::shared_ptr<middleware> mw = *m;
+  std::weak_ptr<middleware> watch = mw;
+  std::optional<outcome> got;
+  mw->check_async(mw->prepare(*mw->find("GET", "/x"), {.peer = "192.0.2.1"}, nullptr), [&](outcome o) { got = std::move(o); });
+  ASSERT_EQ(b->handlers.size(), 1u);
+
+  // Its owners replace the middleware while the check is in flight (a reload, a new limiter).
+  mw.reset();
+  m = middleware::create({.backend = b});
+  ASSERT_TRUE(m.ok());
+  EXPECT_FALSE(watch.expired());
+
+  // The reply arrives: it completes against the old middleware's rules (ASan would catch a freed one).
+  b->handlers[0](decision{.allowed = true, .limit = 60, .remaining = 41});
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->action, outcome::action::admit);
+  ASSERT_FALSE(got->headers.empty());
+  EXPECT_EQ(got->headers[1].value, "41");
+  EXPECT_EQ(b->keys[0], "ip:192.0.2.1");
+
+  // Once the backend drops the handler, nothing holds the old middleware any more.
+  b->handlers.clear();
+  EXPECT_TRUE(watch.expired());
+}
+
+// Dual-layer routes keyed on something other than the user still use the caller's own tenant.
+TEST_F(middleware_test, DualLayerIdentifiedCallersUseTheirTenant) {
+  auto opts = options();
+  opts.routes.push_back({.path = "/d/key", .rule = "dual", .key = key_by::api_key});
+  opts.routes.push_back({.path = "/d/ip", .rule = "dual", .key = key_by::client_ip});
+  opts.routes.push_back({.path = "/d/all", .rule = "dual", .key = key_by::global});
+  opts.routes.push_back({.path = "/d/user", .rule = "dual", .key = key_by::user});
+  auto m = make(opts);
+  // The adapters ask for the identity on every dual-layer route.
+  for (const char* path : {"/d/key", "/d/ip", "/d/all", "/d/user"}) EXPECT_TRUE(m->needs_identity(*m->find("GET", path))) << path;
+  EXPECT_FALSE(m->needs_identity(*m->find("GET", "/public")));
+
+  identity keyed{.tenant = "acme", .api_key = "k1"};
+  identity no_tenant{.user = "bob", .api_key = "k2"};
+  identity tenant_only{.tenant = "acme"};
+  struct expected_check {
+    const char* path;
+    const identity* who;
+    const char* tenant;
+    const char* user;
+  };
+  for (const auto& e : std::vector<expected_check>{
+           {"/d/key", &keyed, "tenant:acme", "key:k1"},
+           {"/d/ip", &keyed, "tenant:acme", "ip:192.0.2.1"},
+           {"/d/all", &keyed, "tenant:acme", "global"},
+           {"/d/key", nullptr, "anonymous", "ip:192.0.2.1"},
+           {"/d/ip", nullptr, "anonymous", "ip:192.0.2.1"},
+           {"/d/all", nullptr, "anonymous", "global"},
+           {"/d/key", &no_tenant, "anonymous", "key:k2"},
+           {"/d/user", &no_tenant, "anonymous", "user:bob"},
+           {"/d/user", &tenant_only, "tenant:acme", "ip:192.0.2.1"},
+       }) {
+    fake->asked.clear();
+    (void)run(*m, "GET", e.path, e.who);
+    ASSERT_EQ(fake->asked.size(), 1u);
+    EXPECT_EQ(fake->asked[0].tenant, e.tenant) << e.path;
+    EXPECT_EQ(fake->asked[0].user, e.user) << e.path;
+  }
+}
+
+// The reported case end to end: anonymous traffic exhausting the anonymous pseudo-tenant must not
+// refuse API-key callers of a real tenant.
+TEST(MiddlewareMemory, AnonymousFloodDoesNotRefuseIdentifiedTenants) {
+  sluice::testing::simulated_clock clock;
+  auto m = middleware::create({.backend = make_memory_backend({.clock = &clock}),
+                               .rules = {{.name = "dual",
+                                          .limit = token_bucket_policy(per_second(0), 100),
+                                          .tenant = token_bucket_policy(per_second(0), 10)}},
+                               .routes = {{.path = "/api", .rule = "dual", .key = key_by::api_key}}});
+  ASSERT_TRUE(m.ok());
+  auto run = [&](const identity* who, std::string_view peer) {
+    return (*m)->check((*m)->prepare(*(*m)->find("GET", "/api"), {.peer = peer}, who)).action;
+  };
+  int anonymous_admitted = 0;
+  for (int i = 0; i < 50; ++i) anonymous_admitted += run(nullptr, "198.51.100." + std::to_string(i + 1)) != outcome::action::refuse;
+  EXPECT_EQ(anonymous_admitted, 10);  // the anonymous tenant's budget
+  identity acme{.tenant = "acme", .api_key = "k1"};
+  EXPECT_EQ(run(&acme, "192.0.2.1"), outcome::action::admit);
+}
+
+// The refusal message follows decision::binding, the same layer the header figures report.
+TEST_F(middleware_test, RefusalWordingFollowsTheBindingLayer) {
+  auto opts = options();
+  opts.rules.push_back({.name = "dq", .limit = token_bucket_policy(per_second(5), 60), .tenant = fixed_window_policy(1000, 24h)});
+  opts.routes.insert(opts.routes.begin(), {.path = "/dq", .rule = "dq"});
+  opts.headers.ietf_fields = true;
+  auto m = make(opts);
+  identity alice{.user = "alice", .tenant = "acme"};
+
+  fake->script.push_back(decision{.allowed = false, .limit = 1000, .retry_after = 3600s, .reset_after = 3600s,
+                                  .dual_layer = true, .rejected_by = layer::tenant, .binding = layer::tenant});
+  outcome o = run(*m, "GET", "/dq", &alice);
+  EXPECT_NE(o.body.find("\"code\": \"quota_exceeded\""), std::string::npos) << o.body;
+  EXPECT_NE(o.body.find("tenant quota exhausted"), std::string::npos) << o.body;
+  bool tenant_window = false;  // w = the tenant window, from the same binding layer
+  for (const auto& h : o.headers) tenant_window |= h.name == "RateLimit-Policy" && h.value == "\"dq\";q=1000;w=86400";
+  EXPECT_TRUE(tenant_window);
+
+  fake->script.push_back(decision{.allowed = false, .limit = 60, .retry_after = 1s, .reset_after = 12s,
+                                  .dual_layer = true, .rejected_by = layer::user, .binding = layer::user});
+  o = run(*m, "GET", "/dq", &alice);
+  EXPECT_NE(o.body.find("\"code\": \"too_many_requests\""), std::string::npos) << o.body;
+  EXPECT_EQ(o.body.find("tenant"), std::string::npos) << o.body;
+  // The wording reads `binding` alone (a backend that reports the tenant layer as binding without
+  // naming a refusing layer still gets the tenant's wording, matching its header figures).
+  fake->script.push_back(decision{.allowed = false, .limit = 1000, .retry_after = 3600s, .reset_after = 3600s,
+                                  .dual_layer = true, .binding = layer::tenant});
+  o = run(*m, "GET", "/dq", &alice);
+  EXPECT_NE(o.body.find("tenant quota exhausted"), std::string::npos) << o.body;
 }
 
 TEST(RefusalBody, EscapesJson) {

@@ -73,6 +73,31 @@ TEST(NotesHttplib, TrustedProxyHonoured) {
   EXPECT_EQ(http_get(s.port, "/public", {{"X-Forwarded-For", "198.51.100.8"}}).status, 200);
 }
 
+// X-User is client-supplied here: a user id longer than a key may be must be limited like any
+// other (keyed on its digest), not waved through as a backend error.
+TEST(NotesHttplib, LongUserIdIsLimitedNotWavedThrough) {
+  httplib_server s;
+  const std::string long_user(600, 'u');
+  auto a = exhaust(s.port, [&](int) { return as_user(long_user, "/notes"); });
+  EXPECT_GE(a.admitted, 60);
+  EXPECT_LT(a.admitted, 120);
+  ASSERT_EQ(a.refusal.status, 429);
+  EXPECT_EQ(code_of(a.refusal), "too_many_requests");
+  EXPECT_EQ(a.refusal.header("x-ratelimit-remaining"), "0");
+
+  // Another long id, equal to the first over its first 599 bytes, has a budget of its own.
+  auto b = http(s.port, as_user(std::string(599, 'u') + "v", "/notes"));
+  EXPECT_EQ(b.status, 200);
+  EXPECT_EQ(b.header("x-ratelimit-remaining"), "59");
+
+  auto stats = json::parse(http_get(s.port, "/stats").body, nullptr, false);
+  ASSERT_TRUE(stats.is_object());
+  for (const auto& rule : stats["rules"]) {
+    EXPECT_EQ(rule["backend_errors"].get<int>(), 0) << rule;
+    EXPECT_EQ(rule["invalid"].get<int>(), 0) << rule;
+  }
+}
+
 TEST(NotesHttplib, ExemptAndAdmittedHeaders) {
   httplib_server s;
   for (int i = 0; i < 80; ++i) {
