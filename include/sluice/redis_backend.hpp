@@ -20,6 +20,15 @@
 // where ALG is tb, swl, swc or fw. The `{...}` hash tag keeps a dual-layer rule's two keys in one
 // Redis Cluster slot. Every key carries a TTL: idle state disappears by itself.
 //
+// Limits of the Redis scripts (their numbers are Lua doubles, exact for integers up to 2^53); a
+// check whose rule exceeds them fails with errc::invalid_argument before anything is sent:
+//   - token bucket: a rate of at most 1,000,000 per second (an interval of at least 1 µs), or
+//     rate::infinite(); the bucket then computes in integer ns exactly as in process (a debt beyond
+//     ~104 days, i.e. a very slow refill, is exact to within a few ns);
+//   - burst and window limits of at most 2^53;
+//   - a window longer than 2^52 µs (~142 years) acts as 2^52 µs; windows are in whole µs (rounded up).
+// Durations in redis_options must be at most 24 h.
+//
 // Thread-safe. `check()` blocks; never call it on the backend's own io thread (it returns
 // errc::invalid_argument there) — use async_check (or sluice/asio.hpp) on that thread. Handlers of
 // async_check run on the io thread (or inline, for invalid requests and overload). Destroying the
@@ -111,7 +120,8 @@ class redis_backend : public backend {
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options);
 
 /// As above, on the caller's io_context (which the caller runs; any number of threads). Destroy the
-/// backend outside that io_context's threads while it still runs, or after it has stopped.
+/// backend outside that io_context's threads while it still runs, or after it has stopped (then the
+/// connection is closed on the destroying thread; do not restart the io_context meanwhile).
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io);
 
 }  // namespace sluice

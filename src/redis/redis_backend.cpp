@@ -10,6 +10,7 @@
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <deque>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -80,12 +82,6 @@ result<endpoint> parse_address(std::string_view a) {
   return e;
 }
 
-std::string format_double(double v) {
-  char buf[40];
-  int n = std::snprintf(buf, sizeof buf, "%.17g", v);
-  return std::string(buf, static_cast<std::size_t>(n));
-}
-
 // Appends one RESP bulk string: $len CRLF bytes CRLF.
 void bulk(std::string& out, std::string_view s) {
   char len[24];
@@ -103,16 +99,57 @@ void bulk(std::string& out, std::int64_t v) {
   bulk(out, std::string_view(buf, static_cast<std::size_t>(end - buf)));
 }
 
-// The three script parameters of a policy (see scripts.hpp).
+// The scripts compute in Lua numbers (doubles): integers are exact up to 2^53, and times in µs since
+// the epoch plus a window must stay there. See redis_backend.hpp for the limits this sets.
+constexpr std::int64_t max_exact_count = std::int64_t{1} << 53;
+constexpr std::int64_t max_window_us = std::int64_t{1} << 52;  // ~142 years
+constexpr double max_token_bucket_rate = 1e6;                  // an interval of 1 µs
+
+// What the Redis scripts cannot compute exactly is refused before anything is sent.
+result<void> validate_for_redis(const policy& p) {
+  if (p.algorithm == algorithm::token_bucket) {
+    if (!p.rate.is_infinite() && p.rate.per_second > max_token_bucket_rate) {
+      char rate[40];
+      std::snprintf(rate, sizeof rate, "%.17g", p.rate.per_second);
+      return {errc::invalid_argument, std::string("rate ") + rate +
+                                          " per second is above the Redis backend's maximum of 1000000 per second "
+                                          "(an interval under 1 µs); use an infinite rate for no limit"};
+    }
+    if (p.burst > max_exact_count) {
+      return {errc::invalid_argument, "burst " + std::to_string(p.burst) + " is above the Redis backend's maximum of 2^53"};
+    }
+    return {};
+  }
+  if (p.limit > max_exact_count) {
+    return {errc::invalid_argument, "limit " + std::to_string(p.limit) + " is above the Redis backend's maximum of 2^53"};
+  }
+  return {};
+}
+
+result<void> validate_for_redis(const rule& r) {
+  if (auto v = validate_for_redis(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
+  if (r.tenant) {
+    if (auto v = validate_for_redis(*r.tenant); !v) {
+      return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
+    }
+  }
+  return {};
+}
+
+// The three script parameters of a policy (see scripts.hpp). Precondition: validate(p) and
+// validate_for_redis(p) passed.
 void append_params(std::string& out, const policy& p) {
   if (p.algorithm == algorithm::token_bucket) {
+    // Integer ns, as in process: interval >= 1000 (or 0: infinite), tolerance <= 2^62.
     gcra_params g = make_gcra_params(p.rate, p.burst);
-    bulk(out, format_double(static_cast<double>(g.interval_ns) / 1000.0));
-    bulk(out, format_double(static_cast<double>(g.tolerance_ns) / 1000.0));
+    bulk(out, g.interval_ns);
+    bulk(out, g.tolerance_ns);
     bulk(out, g.burst);
     return;
   }
-  const std::int64_t window_us = std::max<std::int64_t>(1, (p.window.count() + 999) / 1000);
+  // Whole µs, rounded up without overflow (window > 0); longer windows than max_window_us act as it.
+  const std::int64_t w = p.window.count();
+  const std::int64_t window_us = std::min(max_window_us, w / 1000 + (w % 1000 != 0 ? 1 : 0));
   bulk(out, p.limit);
   bulk(out, window_us);
   bulk(out, "0");
@@ -187,7 +224,10 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   // Fails everything still waiting and closes the connection. Must not run on the io threads
   // unless inside the strand.
   void shutdown() {
-    if (strand_.running_in_this_thread()) {
+    if (strand_.running_in_this_thread() || io_.stopped()) {
+      // On a stopped io_context nothing runs the strand, nor can anything run on it meanwhile
+      // (destroying the backend while another thread restarts the io_context is not allowed):
+      // shut down right here, or the connection and its socket would never be freed.
       do_shutdown();
       return;
     }
@@ -197,10 +237,6 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       self->do_shutdown();
       done->set_value();
     });
-    if (io_.stopped()) {
-      // Nobody will run the strand: nothing can be in flight on it either.
-      return;
-    }
     f.wait();
   }
 
@@ -214,6 +250,10 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     }
     // The rule's parameters go into the script: a bad one is the caller's error, not Redis's.
     if (auto v = validate(*req.rule); !v) {
+      handler(v.error());
+      return;
+    }
+    if (auto v = validate_for_redis(*req.rule); !v) {
       handler(v.error());
       return;
     }
@@ -380,35 +420,31 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     return true;
   }
 
-  static result<decision> parse(const op& o, const redisReply& r) {
+  // One layer's decision from its four reply values {allowed, remaining, retry µs, reset µs}.
+  static decision layer_decision(const long long* v, std::int64_t limit) {
     decision d;
+    d.allowed = v[0] == 1;
+    d.limit = limit;
+    d.remaining = std::max<long long>(0, v[1]);
+    d.retry_after = d.allowed ? nanoseconds(0) : from_us(v[2]);
+    d.reset_after = from_us(v[3]);  // -1 ("never") only for a bucket that cannot refill
+    return d;
+  }
+
+  static result<decision> parse(const op& o, const redisReply& r) {
     if (!o.dual) {
       long long v[4];
       if (!integers(r, 4, v) || (v[0] != 0 && v[0] != 1)) {
         return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
       }
-      d.allowed = v[0] == 1;
-      d.limit = o.limit;
-      d.remaining = std::max<long long>(0, v[1]);
-      d.retry_after = d.allowed ? nanoseconds(0) : from_us(v[2]);
-      d.reset_after = from_us(v[3]);  // -1 ("never") only for a bucket that cannot refill
-      return d;
+      return layer_decision(v, o.limit);
     }
     long long v[8];
-    if (!integers(r, 8, v) || (v[0] != 0 && v[0] != 1) || v[1] < 0 || v[1] > 2) {
+    if (!integers(r, 8, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
       return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
     }
-    d.dual_layer = true;
-    d.allowed = v[0] == 1;
-    d.rejected_by = v[1] == 1 ? layer::tenant : (v[1] == 2 ? layer::user : layer::none);
-    d.tenant = {o.tenant_limit, std::max<long long>(0, v[2])};
-    d.user = {o.limit, std::max<long long>(0, v[5])};
-    d.remaining = std::min(d.tenant.remaining, d.user.remaining);
-    d.limit = d.rejected_by == layer::tenant || (d.allowed && d.tenant.remaining < d.user.remaining) ? d.tenant.limit
-                                                                                                    : d.user.limit;
-    if (!d.allowed) d.retry_after = std::max(from_us(v[3]), from_us(v[6]));
-    d.reset_after = std::max(from_us(v[4]), from_us(v[7]));
-    return d;
+    // The same combination as in process.
+    return combine_layers(layer_decision(v, o.tenant_limit), layer_decision(v + 4, o.limit));
   }
 
   void complete(const op_ptr& o, result<decision> r) {
@@ -448,9 +484,11 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
         fail_open_.fetch_add(1, std::memory_order_relaxed);
         d.allowed = true;
         d.remaining = d.limit;
-        d.user.remaining = d.user.limit;
-        d.tenant.remaining = d.tenant.limit;
-        if (d.dual_layer) d.remaining = std::min(d.user.limit, d.tenant.limit);
+        if (d.dual_layer) {
+          // Both layers admit with everything left; combined as any dual-layer decision.
+          d = combine_layers({.allowed = true, .limit = d.tenant.limit, .remaining = d.tenant.limit},
+                             {.allowed = true, .limit = d.user.limit, .remaining = d.user.limit});
+        }
         d.source = decision_source::fail_open;
         return d;
       case failure_policy::deny:
@@ -792,6 +830,13 @@ result<endpoint> validate_options(const redis_options& o) {
   if (o.breaker_failure_threshold < 1) return {errc::config_invalid, "redis breaker_failure_threshold must be >= 1"};
   if (o.breaker_probe_interval <= std::chrono::milliseconds::zero()) {
     return {errc::config_invalid, "redis breaker_probe_interval must be > 0"};
+  }
+  // Durations are added to steady_clock::now() in ns: bound them far below overflow.
+  constexpr std::chrono::milliseconds max_duration = std::chrono::hours(24);
+  if (o.connect_timeout > max_duration || o.command_timeout > max_duration || o.breaker_probe_interval > max_duration ||
+      o.error_log_interval > max_duration) {
+    return {errc::config_invalid,
+            "redis connect_timeout, command_timeout, breaker_probe_interval and error_log_interval must be <= 24 h"};
   }
   return ep;
 }

@@ -30,8 +30,13 @@ struct algorithm_lua {
   std::string_view body;
 };
 
-// GCRA: the key holds the theoretical arrival time (µs, %.17g so it round-trips) and expires when
-// the bucket is full again. p1 = interval µs (0: infinite rate), p2 = tolerance µs, p3 = burst.
+// GCRA, in integer ns as in process (gcra.hpp), so Redis and the in-process bucket agree exactly.
+// The key holds the theoretical arrival time as "µs.nnn" (µs since the epoch, then the ns within
+// that µs) and expires when the bucket is full again. Lua numbers are doubles: a TAT in ns since the
+// epoch (~2^61) would step in hundreds of ns, so all arithmetic is on the debt TAT − now, an
+// integer number of ns far below 2^53 (exact) for any debt under ~104 days.
+// p1 = interval ns (0: infinite rate; else >= 1000, see redis_backend.hpp), p2 = tolerance ns
+// (burst × interval), p3 = burst. An unreadable value counts as a full bucket.
 constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, burst", R"lua(
   if interval == 0 then
     return 1, burst, 0, 0
@@ -39,17 +44,21 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
   if burst == 0 then
     return 0, 0, -1, 0
   end
-  local tat = tonumber(redis.call('GET', key)) or now
-  local base = math.max(tat, now)
-  local new_tat = base + cost * interval
-  local allow_at = new_tat - tolerance
-  if allow_at <= now then
-    if commit then
-      redis.call('SET', key, string.format('%.17g', new_tat), 'PX', math.ceil((new_tat - now) / 1000))
-    end
-    return 1, math.max(0, math.floor((tolerance - (new_tat - now)) / interval + 1e-9)), 0, math.ceil(new_tat - now)
+  local debt = 0
+  local v = redis.call('GET', key)
+  if v then
+    local us, frac = string.match(v, '^(%d+)%.?(%d*)$')
+    if us then debt = math.max(0, (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3))) end
   end
-  return 0, math.max(0, math.floor((tolerance - (base - now)) / interval + 1e-9)), math.ceil(allow_at - now), math.ceil(base - now)
+  local new_debt = debt + cost * interval
+  if new_debt <= tolerance then
+    if commit then
+      local ns = new_debt % 1000
+      redis.call('SET', key, string.format('%d.%03d', now + (new_debt - ns) / 1000, ns), 'PX', math.max(1, math.ceil(new_debt / 1000000)))
+    end
+    return 1, math.floor((tolerance - new_debt) / interval), 0, math.ceil(new_debt / 1000)
+  end
+  return 0, math.max(0, math.floor((tolerance - debt) / interval)), math.ceil((new_debt - tolerance) / 1000), math.ceil(debt / 1000)
 )lua"};
 
 // Sliding window log on a ZSET of admission times: at most `limit` in (now - W, now]. Members are
@@ -132,7 +141,9 @@ constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"l
 // All or nothing: the user layer records only when the tenant layer would admit, and the tenant
 // layer records only when the user layer did; a refusal by one layer consumes nothing of the other.
 // (The tenant layer is evaluated twice on success; nothing changes between the two inside a script.)
-// A layer that would have admitted but recorded nothing reports its unchanged state (+ cost).
+// Each layer reports as it stands after the check, as in process (check_dual_layer): whether it
+// would admit, and a layer that would have admitted but recorded nothing its unchanged state (+ cost).
+// The caller combines the two (combine_layers).
 constexpr std::string_view dual_main = R"lua(
 local t1, t2, t3 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local u1, u2, u3 = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -140,14 +151,14 @@ local ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, false)
 if ta == 0 then
   local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, false)
   if ua == 1 then ur = ur + cost end
-  return {0, 1, tr, tw, tz, ur, uw, uz}
+  return {0, tr, tw, tz, ua, ur, uw, uz}
 end
 local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, true)
 if ua == 0 then
-  return {0, 2, tr + cost, tw, tz, ur, uw, uz}
+  return {1, tr + cost, tw, tz, 0, ur, uw, uz}
 end
 ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, true)
-return {1, 0, tr, tw, tz, ur, uw, uz}
+return {1, tr, tw, tz, 1, ur, uw, uz}
 )lua";
 
 constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,

@@ -4,13 +4,14 @@
 //   ARGV[1] = now in µs, or -1 to read the Redis server's TIME (always -1 outside tests)
 //   ARGV[2] = cost
 // then the parameters of its algorithm, three numbers each ("params"):
-//   token bucket:  interval µs (float), tolerance µs (float, burst × interval), burst
+//   token bucket:  interval ns (integer; 0 or >= 1000), tolerance ns (integer, burst × interval), burst
 //   windows:       limit, window µs (integer), 0
 // Single-layer scripts (KEYS[1], ARGV[3..5]) return {allowed, remaining, retry_after µs, reset_after µs}.
 // There is one dual-layer script per (tenant algorithm, user algorithm) pair (KEYS[1] = tenant,
 // KEYS[2] = user; ARGV[3..5] tenant params, ARGV[6..8] user params) returning
-// {allowed, rejected_by (0 none, 1 tenant, 2 user), tenant remaining, retry µs, reset µs,
-//  user remaining, retry µs, reset µs}. A retry_after of -1 means "never".
+// each layer's figures as it stands after the check:
+// {tenant allowed, remaining, retry µs, reset µs, user allowed, remaining, retry µs, reset µs};
+// the check is admitted when both layers admit (see combine_layers). A retry_after of -1 means "never".
 //
 // Thread-safe: constants.
 #pragma once

@@ -9,9 +9,11 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <cmath>
+#include <filesystem>
 #include <future>
 #include <thread>
 #include <map>
@@ -84,6 +86,7 @@ void expect_same(const decision& redis, const decision& memory, const std::strin
       << where << " reset_after redis " << redis.reset_after.count() << " memory " << memory.reset_after.count();
   EXPECT_EQ(redis.dual_layer, memory.dual_layer) << where;
   EXPECT_EQ(redis.rejected_by, memory.rejected_by) << where;
+  EXPECT_EQ(redis.binding, memory.binding) << where;
   EXPECT_EQ(redis.tenant.limit, memory.tenant.limit) << where;
   EXPECT_EQ(redis.tenant.remaining, memory.tenant.remaining) << where;
   EXPECT_EQ(redis.user.limit, memory.user.limit) << where;
@@ -92,8 +95,9 @@ void expect_same(const decision& redis, const decision& memory, const std::strin
 }
 
 // A random walk of time and costs, checked on Redis and in process with the same clock: every
-// decision must match.
-void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, const rule& r, nanoseconds max_step) {
+// decision must match. With `prime` > 0, every key first takes that cost (on both backends).
+void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, const rule& r, nanoseconds max_step,
+                         std::int64_t prime = 0) {
   auto memory = make_memory_backend({.clock = &clock});
   std::mt19937 rng(42);
   std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
@@ -101,6 +105,13 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   std::uniform_int_distribution<std::int64_t> cost(1, max_cost);
   const std::string keys[] = {"alice", "bob"};
   const std::string tenants[] = {"acme", "globex"};
+  for (const auto& t : tenants) {
+    for (const auto& k : keys) {
+      if (prime == 0) break;
+      check_request req{.rule = &r, .key = k, .tenant = t, .user = k, .cost = prime};
+      expect_same(expect_decision(redis.check(req)), expect_decision(memory->check(req)), r.name + " prime");
+    }
+  }
   int allowed = 0;
   int refused = 0;
   for (int i = 0; i < 300; ++i) {
@@ -115,8 +126,8 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
     if (::testing::Test::HasFailure()) return;
   }
   // The walk exercised both outcomes.
-  EXPECT_GT(allowed, 10);
-  EXPECT_GT(refused, 10);
+  EXPECT_GT(allowed, 10) << r.name;
+  EXPECT_GT(refused, 10) << r.name;
 }
 
 TEST_F(RedisBackendTest, TokenBucketMatchesInProcess) {
@@ -418,6 +429,11 @@ TEST_F(RedisBackendTest, InvalidOptionsAreErrors) {
   EXPECT_FALSE(make_redis_backend({.key_prefix = "app{x}:"}).ok());
   EXPECT_FALSE(make_redis_backend({.command_timeout = 0ms}).ok());
   EXPECT_FALSE(make_redis_backend({.max_pending = 0}).ok());
+  // Durations are added to steady_clock::now() in ns: huge ones would overflow.
+  EXPECT_FALSE(make_redis_backend({.command_timeout = std::chrono::milliseconds::max()}).ok());
+  EXPECT_FALSE(make_redis_backend({.connect_timeout = std::chrono::milliseconds::max()}).ok());
+  EXPECT_FALSE(make_redis_backend({.breaker_probe_interval = std::chrono::milliseconds::max()}).ok());
+  EXPECT_FALSE(make_redis_backend({.error_log_interval = std::chrono::milliseconds::max()}).ok());
 }
 
 TEST_F(RedisBackendTest, CompletionTokens) {
@@ -526,6 +542,170 @@ TEST_F(RedisBackendTest, DegenerateBuckets) {
   decision local = memory->check({.rule = &no_refill, .key = "k"}).value();
   EXPECT_LE(std::chrono::abs(local.retry_after - spent.retry_after), 1us);
   for (const auto& k : redis_->keys()) EXPECT_GT(redis_->integer({"PTTL", k}), 0) << k;
+}
+
+// A token bucket at a high rate: the script's TAT must advance by exactly cost × interval. With the
+// TAT as a double in µs since the epoch (steps of 0.25 µs today), an interval of 1.1 µs advanced it
+// by 1 µs per token and let 10% more through than in process.
+TEST_F(RedisBackendTest, TokenBucketAtHighRatesAdmitsExactlyTheBurst) {
+  auto b = make();
+  auto memory = make_memory_backend({.clock = &clock_});
+  // Interval 1100 ns. Key TTLs run in real time while the test clock stands still: a deep debt (11 s)
+  // keeps the key alive throughout.
+  rule r{.name = "fast", .limit = token_bucket_policy(per_second(1e9 / 1100), 10'000'000)};
+  decision first = expect_decision(b->check({.rule = &r, .key = "k", .cost = 9'999'900}));
+  expect_same(first, memory->check({.rule = &r, .key = "k", .cost = 9'999'900}).value(), "cost 9,999,900");
+  EXPECT_TRUE(first.allowed);
+  int admitted = 0;
+  for (int i = 0; i < 200; ++i) {
+    decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+    expect_same(d, memory->check({.rule = &r, .key = "k"}).value(), "cost 1, check " + std::to_string(i));
+    if (!d.allowed) break;
+    ++admitted;
+  }
+  EXPECT_EQ(admitted, 100);
+  // A refusal takes nothing: 2 µs later (Redis TIME counts whole µs) exactly one more token.
+  clock_.advance(2us);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+}
+
+// Each key is first drained to a few tokens: its debt (10 s and more) then keeps it alive in real
+// time, which TTLs follow, while the test clock moves by microseconds.
+TEST_F(RedisBackendTest, TokenBucketAtHighRatesMatchesInProcess) {
+  auto b = make();
+  rule fastest{.name = "fastest", .limit = token_bucket_policy(per_second(1e6), 10'000'000)};  // interval 1 µs
+  compare_with_memory(*b, clock_, fastest, 3us, 9'999'990);
+  rule odd{.name = "odd", .limit = token_bucket_policy(per_second(1e9 / 1100), 10'000'000)};  // interval 1.1 µs
+  compare_with_memory(*b, clock_, odd, 3us, 9'999'990);
+  // Two users of a tenant take 9,999,990 each: both layers end a few tokens from refusing.
+  rule dual{.name = "dual", .limit = token_bucket_policy(per_second(1e9 / 1700), 10'000'000),
+            .tenant = token_bucket_policy(per_second(1e9 / 1300), 20'000'020)};
+  compare_with_memory(*b, clock_, dual, 3us, 9'999'990);
+}
+
+// Above 10^6 per second the interval is under the 1 µs of Redis TIME: refused before sending.
+TEST_F(RedisBackendTest, TokenBucketRatesAboveOnePerMicrosecondAreRefused) {
+  auto b = make();
+  rule too_fast{.name = "too_fast", .limit = token_bucket_policy(per_second(1e8), 10)};
+  auto d = b->check({.rule = &too_fast, .key = "k"});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error(), errc::invalid_argument);
+  EXPECT_NE(d.error().message.find("rate 100000000 per second"), std::string::npos) << d.error().message;
+  EXPECT_NE(d.error().message.find("too_fast"), std::string::npos) << d.error().message;
+  rule tenant_too_fast{.name = "t", .limit = fixed_window_policy(5, 1s), .tenant = token_bucket_policy(per_second(1.5e6), 10)};
+  auto t = b->check({.rule = &tenant_too_fast, .tenant = "acme", .user = "u"});
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error(), errc::invalid_argument);
+  EXPECT_NE(t.error().message.find("tenant layer"), std::string::npos) << t.error().message;
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
+  EXPECT_EQ(b->stats().checks, 0u);
+  EXPECT_EQ(b->stats().protocol_errors, 0u);
+  // The boundary and an infinite rate are fine.
+  rule fastest{.name = "fastest", .limit = token_bucket_policy(per_second(1e6), 10)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &fastest, .key = "k"})).allowed);
+  rule unlimited{.name = "inf", .limit = token_bucket_policy(rate::infinite(), 10)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k"})).allowed);
+}
+
+// Windows up to nanoseconds::max() and limits near 2^63: no overflow in the arguments (UBSan), the
+// scripts still decide, every key still expires; what Lua numbers cannot count exactly is refused.
+TEST_F(RedisBackendTest, HugeWindowsAndLimitsNeitherOverflowNorReachTheScripts) {
+  auto b = make();
+  for (algorithm a : {algorithm::sliding_window_log, algorithm::sliding_window_counter, algorithm::fixed_window}) {
+    for (nanoseconds w : {nanoseconds::max(), nanoseconds(1), nanoseconds(1001)}) {
+      rule r{.name = std::string(to_string(a)) + std::to_string(w.count()),
+             .limit = {.algorithm = a, .limit = 2, .window = w}};
+      EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed) << r.name;
+      decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+      EXPECT_EQ(d.source, decision_source::limiter) << r.name;
+      if (w == nanoseconds::max()) {
+        EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed) << r.name;
+      }
+    }
+  }
+  rule slow{.name = "slow", .limit = token_bucket_policy(per_second(0), std::int64_t{1} << 40)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &slow, .key = "k", .cost = 1000})).allowed);
+  // Every key expires (the 1 µs windows' keys within a millisecond: -2 once gone).
+  for (const auto& k : redis_->keys()) EXPECT_NE(redis_->integer({"PTTL", k}), -1) << k;
+  EXPECT_EQ(b->stats().protocol_errors, 0u);
+
+  const auto before = redis_->integer({"DBSIZE"});
+  rule huge_limit{.name = "huge", .limit = fixed_window_policy(std::numeric_limits<std::int64_t>::max(), 1s)};
+  rule huge_burst{.name = "burst", .limit = token_bucket_policy(per_second(1), std::numeric_limits<std::int64_t>::max())};
+  for (const rule* r : {&huge_limit, &huge_burst}) {
+    auto d = b->check({.rule = r, .key = "k"});
+    ASSERT_FALSE(d.ok()) << r->name;
+    EXPECT_EQ(d.error(), errc::invalid_argument) << r->name;
+  }
+  EXPECT_EQ(redis_->integer({"DBSIZE"}), before);
+}
+
+// Dual-layer decisions are built by combine_layers from each layer's figures, as in process:
+// the binding layer, its limit, and retry_after from the refusing layer(s) only.
+TEST_F(RedisBackendTest, DualLayerDecisionsAreCombinedAsInProcess) {
+  auto b = make();
+  auto memory = make_memory_backend({.clock = &clock_});
+  rule r{.name = "api", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1), 6)};
+  auto both = [&](std::string_view user, std::int64_t cost, const std::string& where) {
+    check_request req{.rule = &r, .tenant = "acme", .user = user, .cost = cost};
+    decision d = expect_decision(b->check(req));
+    expect_same(d, memory->check(req).value(), where);
+    return d;
+  };
+  decision d = both("alice", 1, "alice takes 1");
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.binding, layer::user);  // alice 2 left, tenant 5
+  EXPECT_EQ(d.limit, 3);
+  EXPECT_TRUE(both("bob", 3, "bob takes 3").allowed);
+  d = both("carol", 1, "carol takes 1");
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.binding, layer::tenant);  // tenant 1 left, carol 2
+  EXPECT_EQ(d.limit, 6);
+  EXPECT_EQ(d.remaining, 1);
+  // The tenant refuses; alice's layer would admit: retry_after is the tenant's alone (1 s for the
+  // missing token), and alice keeps her 2 units.
+  d = both("alice", 2, "tenant refuses");
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.rejected_by, layer::tenant);
+  EXPECT_EQ(d.binding, layer::tenant);
+  EXPECT_EQ(d.limit, 6);
+  EXPECT_EQ(d.user.remaining, 2);
+  EXPECT_EQ(d.retry_after, 1s);
+  // Alice's own layer refuses while the tenant would admit.
+  clock_.advance(10s);
+  EXPECT_TRUE(both("alice", 2, "alice takes 2").allowed);
+  d = both("alice", 1, "user refuses");
+  EXPECT_FALSE(d.allowed);
+  EXPECT_EQ(d.rejected_by, layer::user);
+  EXPECT_EQ(d.binding, layer::user);
+  EXPECT_EQ(d.limit, 3);
+  EXPECT_EQ(d.retry_after, 50s);  // her first admission leaves the minute
+}
+
+// On a stopped io_context nothing runs the backend's strand: destroying the backend must still
+// close its connection, or every such backend leaks a socket.
+TEST_F(RedisBackendTest, DestroyingOnAStoppedIoContextClosesTheConnection) {
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+  };
+  boost::asio::io_context io;
+  boost::asio::steady_timer reactor_up(io);  // the io_context's own fds (epoll, eventfd, timerfd) exist from here
+  rule r{.name = "r", .limit = fixed_window_policy(100, 1min)};
+  const auto before = open_fds();
+  for (int i = 0; i < 3; ++i) {
+    io.restart();
+    auto work = boost::asio::make_work_guard(io);
+    std::thread runner([&] { io.run(); });
+    auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(expect_decision((*b)->check({.rule = &r, .key = "k"})).source, decision_source::limiter);  // connected
+    io.stop();
+    runner.join();
+    ASSERT_TRUE(io.stopped());
+    b->reset();  // destroyed on a stopped io_context
+  }
+  EXPECT_EQ(open_fds(), before);
 }
 
 class RedisAuthTest : public ::testing::Test {};

@@ -174,6 +174,24 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
     EXPECT_EQ(d->source, decision_source::local_fallback);
     EXPECT_GE((*b)->stats().local_fallback, 4u);
   }
+  {
+    // Fail open on a dual-layer rule: both layers admit with all they have, combined as any
+    // dual-layer decision (the binding layer is the smaller one).
+    rule small_tenant{.name = "s", .limit = fixed_window_policy(5, std::chrono::hours(1)),
+                      .tenant = fixed_window_policy(3, std::chrono::hours(1))};
+    auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::allow});
+    ASSERT_TRUE(b.ok());
+    auto d = (*b)->check({.rule = &small_tenant, .tenant = "t", .user = "u"});
+    ASSERT_TRUE(d.ok());
+    EXPECT_TRUE(d->allowed);
+    EXPECT_EQ(d->source, decision_source::fail_open);
+    EXPECT_TRUE(d->dual_layer);
+    EXPECT_EQ(d->binding, layer::tenant);
+    EXPECT_EQ(d->limit, 3);
+    EXPECT_EQ(d->remaining, 3);
+    EXPECT_EQ(d->tenant.remaining, 3);
+    EXPECT_EQ(d->user.remaining, 5);
+  }
 }
 
 TEST(RedisFaultTest, StartsWhileRedisIsDownAndConnectsWhenItComes) {
