@@ -115,6 +115,11 @@ class redis_backend : public backend {
   virtual redis_backend_stats stats() const = 0;
 };
 
+/// Checks what the Redis scripts can compute exactly (see the limits above): token-bucket rates up
+/// to 10^6 per second (or infinite), bursts and limits up to 2^53. Checks of a rule that fails here
+/// are refused with this error; configuration loaders call it to refuse such rules up front.
+result<void> validate_for_redis(const rule& r);
+
 /// Makes a backend with its own io_context thread. Fails only on invalid options; an unreachable
 /// Redis is not an error here (checks follow `on_error` until it answers; `ready()` tells).
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options);

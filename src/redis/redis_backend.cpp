@@ -126,16 +126,6 @@ result<void> validate_for_redis(const policy& p) {
   return {};
 }
 
-result<void> validate_for_redis(const rule& r) {
-  if (auto v = validate_for_redis(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
-  if (r.tenant) {
-    if (auto v = validate_for_redis(*r.tenant); !v) {
-      return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
-    }
-  }
-  return {};
-}
-
 // The three script parameters of a policy (see scripts.hpp). Precondition: validate(p) and
 // validate_for_redis(p) passed.
 void append_params(std::string& out, const policy& p) {
@@ -849,6 +839,16 @@ std::unique_ptr<memory_backend> make_local(const redis_options& o) {
 }
 
 }  // namespace
+
+result<void> validate_for_redis(const rule& r) {
+  if (auto v = validate_for_redis(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
+  if (r.tenant) {
+    if (auto v = validate_for_redis(*r.tenant); !v) {
+      return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
+    }
+  }
+  return {};
+}
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
   auto ep = validate_options(options);

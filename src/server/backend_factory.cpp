@@ -13,6 +13,9 @@ result<void> check_servable(const config& cfg) {
     case backend_type::memory: return {};
     case backend_type::redis:
 #ifdef SLUICE_HAVE_REDIS
+      for (const rule& r : cfg.rules) {
+        if (auto v = validate_for_redis(r); !v) return {errc::config_invalid, cfg.source + ": " + v.error().message};
+      }
       return {};
 #else
       return {errc::config_invalid, cfg.source + ": [backend] type = \"redis\": this sluiced was built without Redis support"};

@@ -253,3 +253,29 @@ TEST(Config, NonAsciiBetweenTokensIsAnError) {
 
 }  // namespace
 }  // namespace sluice
+
+#include "sluice/server/server.hpp"
+
+namespace sluice {
+namespace {
+
+// A Redis backend cannot compute rates above 10^6 per second exactly: such a config is refused at
+// load (and reload), naming the rule, rather than failing every check later.
+TEST(Config, RedisBackendRefusesRulesItCannotServe) {
+  const std::string redis = "[backend]\ntype = \"redis\"\n";
+  const std::string fast = "[[rules]]\nname = \"fast\"\nalgorithm = \"token_bucket\"\nrate = 2000000\nburst = 10\n";
+  auto c = parse_config(redis + fast, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto servable = server::check_servable(*c);
+#ifdef SLUICE_TEST_WITH_REDIS
+  ASSERT_FALSE(servable.ok());
+  EXPECT_EQ(servable.error(), errc::config_invalid);
+  EXPECT_NE(servable.error().message.find("rule 'fast'"), std::string::npos) << servable.error().message;
+#endif
+  auto memory = parse_config(fast, "t.toml");
+  ASSERT_TRUE(memory.ok());
+  EXPECT_TRUE(server::check_servable(*memory).ok());  // the in-process bucket goes up to 10^9/s
+}
+
+}  // namespace
+}  // namespace sluice
