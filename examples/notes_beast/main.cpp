@@ -9,6 +9,7 @@
 //   GET  /public         a greeting                                                 per client IP: r=5/s, b=60
 //   GET  /healthz        "ok"                                                       exempt
 //   GET  /stats          the middleware's per-rule counters (JSON)                  exempt
+//   GET  /metrics        the same counters in Prometheus text (sluiced's format)    exempt
 //
 // Authenticated routes take "Authorization: Bearer <token>".
 //
@@ -40,6 +41,9 @@
 #include <vector>
 
 #include "sluice/http/beast.hpp"
+#ifdef SLUICE_EXAMPLE_WITH_METRICS
+#include "sluice/server/metrics.hpp"
+#endif
 #include "sluice/memory_backend.hpp"
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -149,6 +153,12 @@ struct app {
     if (path == "/public" && method == bhttp::verb::get) {
       return reply(req, bhttp::status::ok, R"({"message": "hello"})");
     }
+#ifdef SLUICE_EXAMPLE_WITH_METRICS
+    if (path == "/metrics" && method == bhttp::verb::get) {
+      std::string text = mw ? sluice::server::render_middleware_counters(mw->counters()) : std::string();
+      return reply(req, bhttp::status::ok, std::move(text), "text/plain; version=0.0.4");
+    }
+#endif
     if (path == "/stats" && method == bhttp::verb::get) {
       json rules = json::array();
       if (mw) {
@@ -222,7 +232,7 @@ sluice::http::middleware_options limits(std::shared_ptr<sluice::backend> backend
               {.path = "/tenant/*", .rule = "tenant", .key = key_by::user},
               {.method = "GET", .path = "/public", .rule = "public", .key = key_by::client_ip},
           },
-      .exempt = {{.path = "/healthz"}, {.path = "/stats"}},
+      .exempt = {{.path = "/healthz"}, {.path = "/stats"}, {.path = "/metrics"}},
       .trusted_proxies = s.trusted_proxies,
       .client_ip_header = s.client_ip_header,
       .enforcement = s.shadow ? sluice::http::enforcement::shadow : sluice::http::enforcement::enforce,

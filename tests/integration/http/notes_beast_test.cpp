@@ -257,6 +257,24 @@ TEST(NotesBeast, CountersPerRule) {
   EXPECT_TRUE(found);
 }
 
+#ifdef NOTES_BEAST_HAS_METRICS
+// The same counters for a Prometheus scrape, in sluiced's exposition format.
+TEST(NotesBeast, MetricsRouteExportsTheCounters) {
+  notes_server s;
+  auto r = exhaust(s.port, [](int) { return http_request{.target = "/public"}; });
+  ASSERT_EQ(r.refusal.status, 429);
+  auto m = http_get(s.port, "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_NE(m.body.find("# TYPE sluice_middleware_requests_total counter"), std::string::npos);
+  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"admitted\"} " +
+                        std::to_string(r.admitted) + "\n"),
+            std::string::npos)
+      << m.body;
+  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"refused\"} 1\n"), std::string::npos);
+  EXPECT_FALSE(m.has("x-ratelimit-limit"));  // exempt
+}
+#endif
+
 TEST(NotesBeast, ShadowModeCountsButNeverRefuses) {
   notes_server s({"--shadow"});
   for (int i = 0; i < 80; ++i) {

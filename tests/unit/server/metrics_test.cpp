@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace sluice::server {
 namespace {
@@ -47,6 +48,18 @@ TEST(Metrics, TenantLabelsAreCappedAndEscaped) {
   EXPECT_TRUE(has_line(t, R"(sluice_rejections_total{rule="t",layer="tenant",tenant="second"} 2)"));
   EXPECT_TRUE(has_line(t, R"(sluice_rejections_total{rule="t",layer="tenant",tenant="other"} 2)"));
   EXPECT_EQ(t.find("third"), std::string::npos);
+}
+
+TEST(Metrics, MiddlewareCountersInTheSameFormat) {
+  std::vector<http::rule_counters> counters{{.rule = "api", .admitted = 7, .refused = 2, .backend_errors = 1, .invalid = 1},
+                                            {.rule = "we\"ird", .admitted = 0}};
+  std::string text = render_middleware_counters(counters);
+  EXPECT_NE(text.find("# TYPE sluice_middleware_requests_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"admitted\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"refused\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"backend_error\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"invalid\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("{rule=\"we\\\"ird\",result=\"admitted\"} 0\n"), std::string::npos) << text;
 }
 
 TEST(Metrics, FailurePolicyErrorsReloadsResponses) {
