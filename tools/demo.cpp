@@ -15,6 +15,7 @@ struct step {
   const char* what;
   std::chrono::milliseconds advance;  // before the step
   int requests;
+  std::chrono::milliseconds spacing;  // between the step's requests
 };
 
 }  // namespace
@@ -27,10 +28,10 @@ int main() {
     return 1;
   }
   const step steps[] = {
-      {"a burst of 61 at t=0", 0ms, 61},
-      {"1 more, 200 ms later", 200ms, 1},
-      {"a script: 10 per second for 4 s", 0ms, 40},
-      {"idle for 60 s, then 70", 60s, 70},
+      {"a burst of 61 at t=0", 0ms, 61, 0ms},
+      {"1 more, 200 ms later", 200ms, 1, 0ms},
+      {"a script: 10 per second for 4 s", 100ms, 40, 100ms},
+      {"idle for 60 s, then 70", 60s, 70, 0ms},
   };
   std::printf("token bucket r=5/s b=60\n");
   std::printf("%-34s %9s %8s %9s %10s %14s\n", "step", "t (ms)", "admitted", "refused", "remaining", "retry_after ms");
@@ -39,9 +40,8 @@ int main() {
     clock.advance(s.advance);
     int admitted = 0, refused = 0;
     sluice::decision last{};
-    bool script = s.requests == 40;
     for (int i = 0; i < s.requests; ++i) {
-      if (script && i > 0) clock.advance(100ms);
+      if (i > 0) clock.advance(s.spacing);
       last = bucket->try_acquire(clock.now(), 1).value();
       (last.allowed ? admitted : refused)++;
     }
