@@ -244,7 +244,9 @@ asio::awaitable<void> session(tcp::socket socket, app& a, const sluice::http::be
   auto peer = socket.remote_endpoint(ec).address();
   if (ec) co_return;
   boost::beast::tcp_stream stream(std::move(socket));
-  boost::beast::flat_buffer buffer;
+  // The buffer holds only what the parser has not consumed: its maximum bounds every framing element
+  // Beast would buffer whole (request line, headers, a chunk line with extensions, trailers).
+  boost::beast::flat_buffer buffer(32 * 1024);
   const sluice::http::beast::handler_function handler = [&a](const request& req) { return a.handle(req); };
   for (;;) {
     bhttp::request_parser<bhttp::string_body> parser;
@@ -384,9 +386,22 @@ int main(int argc, char** argv) {
   signals.async_wait([&](const boost::system::error_code&, int) { io.stop(); });
   asio::co_spawn(io, accept_loop(acceptor, a, limiter ? &*limiter : nullptr), asio::detached);
 
+  // An exception thrown inside Asio or Beast on behalf of one connection (std::bad_alloc, a
+  // length_error from a field) must not end the process: log it, close that connection (its handler
+  // is destroyed) and go on serving.
+  auto run = [&io] {
+    for (;;) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& x) {
+        std::cerr << "notes_beast: handler failed: " << x.what() << "\n";
+      }
+    }
+  };
   std::vector<std::thread> workers;
-  for (int i = 1; i < s.threads; ++i) workers.emplace_back([&io] { io.run(); });
-  io.run();
+  for (int i = 1; i < s.threads; ++i) workers.emplace_back(run);
+  run();
   for (auto& t : workers) t.join();
   return 0;
 }

@@ -63,6 +63,10 @@ class backend {
   /// Called when a rule's parameters change or it is removed, so state kept for it can be dropped.
   /// Default: nothing.
   virtual void forget_rule(std::string_view /*rule_name*/) {}
+
+  /// Drops state that carries no information any more (full buckets, empty windows), one shard
+  /// lock at a time. Backends whose state expires by itself (Redis TTLs) do nothing. Default: nothing.
+  virtual void sweep_idle() {}
 };
 
 }  // namespace sluice

@@ -56,6 +56,13 @@ struct server_settings {
   /// At most this many distinct tenant label values in /metrics; later tenants count as "other".
   /// Default: 100.
   std::size_t max_tenant_labels = 100;
+  /// Most open client connections (`max_connections`), lowered at start to the descriptor limit
+  /// less 64. At the cap a new connection first closes the one that has waited longest for a
+  /// request. Default: 10,000.
+  std::size_t max_connections = 10'000;
+  /// How often idle limiter state is dropped (`sweep_interval_ms`), so memory comes back after a
+  /// key flood; 0 leaves it to the tables' own growth. Default: 10 s.
+  std::chrono::milliseconds sweep_interval{10'000};
 };
 
 /// [backend]

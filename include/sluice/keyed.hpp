@@ -8,9 +8,10 @@
 //   - an idle entry (a full bucket, an empty window) is dropped as the table grows: a new key would get
 //     the same state, so no decision changes;
 //   - at most `max_keys` entries; a new key arriving at the cap replaces an idle entry when one is
-//     found among 8 sampled, otherwise the sampled entry nearest to idle, which then starts afresh.
-//     New keys are never refused (refusing them would let a key flood lock out new users); the
-//     cost of the bound under such a flood is that evicted keys may be admitted early.
+//     found among 8 sampled. Otherwise `when_full` decides: `evict` (the default) drops the sampled
+//     entry that uses the least of its capacity — under a flood of new keys that is a flood key,
+//     not a user at their limit — and that key starts afresh; `refuse` refuses the new key
+//     (errc::capacity_exhausted) until an entry is idle. stats() counts each outcome.
 //   - a token bucket costs 24 bytes per slot, 32 to 64 bytes per key with the table's load factor
 //     (keys over 15 bytes add their length); memory_bytes() reports it.
 //
@@ -29,12 +30,20 @@
 
 namespace sluice {
 
+/// What happened at a keyed limiter's key cap since it was made.
+struct key_cap_stats {
+  std::uint64_t evicted_idle = 0;    ///< Idle entries dropped for new keys: nothing forgotten.
+  std::uint64_t evicted_active = 0;  ///< Entries in use dropped for new keys: those keys started afresh.
+  std::uint64_t refused = 0;         ///< New keys refused (when_full::refuse).
+};
+
 class keyed_limiter {
  public:
   struct options {
     sluice::policy policy;                  ///< The limit every key gets. Required.
     std::size_t max_keys = 1'000'000;       ///< Hard cap on entries; >= 1. Default: 1,000,000.
     sluice::clock* clock = &real_clock();   ///< Read by the overloads without `now`. Default: real_clock().
+    sluice::when_full when_full = when_full::evict;  ///< At the cap with nothing idle. Default: evict.
   };
 
   static result<std::unique_ptr<keyed_limiter>> create(const options& o);
@@ -58,6 +67,7 @@ class keyed_limiter {
   std::size_t memory_bytes() const;
   /// Drops every idle entry now.
   void sweep(time_point now);
+  key_cap_stats stats() const;
 
  private:
   struct impl;

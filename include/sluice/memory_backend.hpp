@@ -13,8 +13,12 @@
 #include <cstddef>
 #include <memory>
 
+#include <string>
+#include <vector>
+
 #include "sluice/backend.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/keyed.hpp"
 
 namespace sluice {
 
@@ -25,10 +29,18 @@ struct memory_backend_options {
   std::size_t max_keys_per_rule = 1'000'000;
 };
 
+/// One rule's key-cap outcomes (both layers of a dual-layer rule added).
+struct rule_key_stats {
+  std::string rule;
+  key_cap_stats counts;
+};
+
 class memory_backend : public backend {
  public:
   /// Number of live keys across all rules (after dropping idle ones lazily).
   virtual std::size_t key_count() = 0;
+  /// Key-cap outcomes of each rule checked so far.
+  virtual std::vector<rule_key_stats> key_stats() = 0;
 };
 
 std::unique_ptr<memory_backend> make_memory_backend(const memory_backend_options& options);

@@ -96,12 +96,22 @@ result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string
 /// Checks a key or id: at most `max_key_length` bytes. Any bytes are allowed.
 result<void> validate_key(std::string_view key, std::string_view what = "key");
 
+/// What an in-process keyed limiter does with a new key when it already holds its maximum number of
+/// keys and none of the sampled entries is idle (an idle entry is always dropped first: that loses
+/// nothing).
+enum class when_full : std::uint8_t {
+  evict,   ///< Drop the sampled entry using the least of its capacity; that key starts afresh. Default.
+  refuse,  ///< Refuse the new key (errc::capacity_exhausted) until an entry is idle.
+};
+
 /// A named limit. With `tenant` set it is a dual-layer rule: `limit` applies per (tenant, user),
 /// `tenant` per tenant, and a check is admitted only when both admit.
 struct rule {
   std::string name;
   policy limit;
   std::optional<policy> tenant;
+  /// The in-process backend at its key cap (see when_full). Default: evict.
+  sluice::when_full when_full = when_full::evict;
 
   bool is_dual_layer() const noexcept { return tenant.has_value(); }
   friend bool operator==(const rule&, const rule&) = default;

@@ -17,7 +17,7 @@ namespace sluice::http {
 namespace {
 
 constexpr std::array<std::uint8_t, 12> v4_mapped_prefix = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-constexpr std::size_t max_forwarding_header = 8 * 1024;
+constexpr std::size_t max_hop_bytes = 256;
 constexpr int max_hops = 64;
 
 std::string_view trim(std::string_view s) noexcept {
@@ -68,36 +68,24 @@ std::optional<ip_address> parse_node(std::string_view s) noexcept {
   return a;
 }
 
-// At most `max_hops` hops, on the stack: this runs on every request from a trusted proxy.
-struct hop_list {
-  std::array<std::string_view, max_hops> items;
-  std::size_t size = 0;
-};
-
-// Splits on commas outside quoted strings. Returns false on an unterminated quote or more than
-// `max_hops` elements.
-bool split_list(std::string_view s, hop_list& out) {
+// The list element ending at `end` (exclusive) of a comma-separated header, found scanning right to
+// left: commas inside quoted strings do not split. Sets `start` to the element's first byte and
+// returns false when the element is longer than max_hop_bytes (no proxy writes one that long).
+bool previous_element(std::string_view s, std::size_t end, std::size_t& start) noexcept {
   bool quoted = false;
-  std::size_t start = 0;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    char c = s[i];
-    if (quoted) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        quoted = false;
-      }
-    } else if (c == '"') {
-      quoted = true;
-    } else if (c == ',') {
-      if (out.size == out.items.size()) return false;
-      out.items[out.size++] = s.substr(start, i - start);
-      start = i + 1;
+  std::size_t i = end;
+  while (i > 0) {
+    const char c = s[i - 1];
+    if (c == '"' && !(i >= 2 && s[i - 2] == '\\')) {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      break;
     }
+    --i;
+    if (end - i > max_hop_bytes) return false;
   }
-  if (quoted || out.size == out.items.size()) return false;
-  out.items[out.size++] = s.substr(start);
-  return true;
+  start = i;
+  return !quoted;
 }
 
 // The `for` value of one Forwarded element ("for=192.0.2.60;proto=http;by=203.0.113.43"), or
@@ -146,19 +134,26 @@ std::optional<ip_address> forwarded_for(std::string_view element) {
   return found;
 }
 
-// Right to left: the first hop not in `trusted` is the client; all trusted gives the leftmost.
-// nullopt when a hop before that is not an address.
+// Right to left over the hops the trusted proxies appended: the first hop not in `trusted` is the
+// client (all trusted: the leftmost). Only the hops up to that one are parsed, so whatever a client
+// wrote further left (junk, an open quote, padding, a thousand hops) never matters. nullopt when a
+// hop in that part does not parse or there are more than max_hops of them.
 template <class HopParser>
-std::optional<ip_address> walk_hops(const hop_list& hops, const std::vector<cidr>& trusted, HopParser parse) {
+std::optional<ip_address> walk_hops(std::string_view header, const std::vector<cidr>& trusted, HopParser parse) {
   std::optional<ip_address> last;
-  for (std::size_t i = hops.size; i-- > 0;) {
-    auto a = parse(hops.items[i]);
+  std::size_t end = header.size();
+  for (int hops = 0; hops < max_hops; ++hops) {
+    std::size_t start = 0;
+    if (!previous_element(header, end, start)) return std::nullopt;
+    auto a = parse(header.substr(start, end - start));
     if (!a) return std::nullopt;
     last = a;
     bool is_trusted = std::any_of(trusted.begin(), trusted.end(), [&](const cidr& c) { return c.contains(*a); });
     if (!is_trusted) return a;
+    if (start == 0) return last;  // every hop was a trusted proxy
+    end = start - 1;              // before the comma
   }
-  return last;
+  return std::nullopt;
 }
 
 std::optional<ip_address> peer_address(std::string_view peer) {
@@ -265,16 +260,11 @@ std::optional<ip_address> client_address(const address_sources& sources, const s
   bool peer_trusted = std::any_of(trusted.begin(), trusted.end(), [&](const cidr& c) { return c.contains(*peer); });
   if (!peer_trusted) return peer;
 
+  // A trusted proxy that forwards nothing sent the request itself.
   bool is_forwarded = which == forwarding_header::forwarded;
   std::string_view header = trim(is_forwarded ? sources.forwarded : sources.x_forwarded_for);
   if (header.empty()) return peer;
-  if (header.size() > max_forwarding_header) return peer;
-
-  hop_list hops;
-  if (!split_list(header, hops)) return peer;
-  std::optional<ip_address> client = is_forwarded ? walk_hops(hops, trusted, forwarded_for)
-                                                  : walk_hops(hops, trusted, parse_node);
-  return client ? client : peer;
+  return is_forwarded ? walk_hops(header, trusted, forwarded_for) : walk_hops(header, trusted, parse_node);
 }
 
 // --- routes ---------------------------------------------------------------------------------------
@@ -297,8 +287,10 @@ std::string_view path_of(std::string_view target) noexcept {
   return q == std::string_view::npos ? target : target.substr(0, q);
 }
 
+// A GET route covers HEAD too: servers answer HEAD with their GET handler (cpp-httplib does so on
+// its own), so a HEAD must be checked and counted as the GET it runs.
 bool method_matches(std::string_view pattern, std::string_view method) noexcept {
-  return pattern.empty() || pattern == method;
+  return pattern.empty() || pattern == method || (pattern == "GET" && method == "HEAD");
 }
 
 std::string json_escape(std::string_view s) {
@@ -442,8 +434,10 @@ pending_check middleware::prepare(const route_limit& route, const address_source
   p.cost_ = route.cost;
 
   auto client_key = [&]() -> std::string {
+    // Never the proxy's address when the client cannot be found: that would give a fresh budget to
+    // whoever sends a malformed header. All such requests share one key.
     auto a = client_address(from, trusted_, options_.client_ip_header);
-    if (!a) return "ip:" + std::string(from.peer.substr(0, 64));  // not an address: key on its text
+    if (!a) return std::string(unresolved_client_key);
     if (!a->is_v4()) *a = mask(*a, options_.ipv6_prefix);
     return "ip:" + to_string(*a);
   };

@@ -37,8 +37,8 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
   if (o.clock == nullptr) return {errc::invalid_argument, "clock must not be null"};
   const compiled_policy cp = compiled_policy::from(o.policy);
   auto make_table = [&]() -> std::variant<bucket_table, window_table> {
-    if (o.policy.algorithm == algorithm::token_bucket) return bucket_table(cp.gcra, o.max_keys, gcra_state{});
-    return window_table(cp, o.max_keys, limiter_state::make(cp));
+    if (o.policy.algorithm == algorithm::token_bucket) return bucket_table(cp.gcra, o.max_keys, gcra_state{}, o.when_full);
+    return window_table(cp, o.max_keys, limiter_state::make(cp), o.when_full);
   };
   auto p = std::unique_ptr<impl>(new impl{o.policy, o.clock, make_table()});
   return std::unique_ptr<keyed_limiter>(new keyed_limiter(std::move(p)));
@@ -96,6 +96,10 @@ std::size_t keyed_limiter::memory_bytes() const {
 
 void keyed_limiter::sweep(time_point now) {
   std::visit([&](auto& t) { t.sweep(to_ns(now)); }, impl_->table);
+}
+
+key_cap_stats keyed_limiter::stats() const {
+  return std::visit([](const auto& t) { return t.stats(); }, impl_->table);
 }
 
 }  // namespace sluice

@@ -9,9 +9,9 @@
 // Memory is bounded: an entry whose state is idle (idle_at <= now) is dropped when the shard grows
 // (dropping it changes no decision: a full bucket or an empty window is what a new key gets). When a
 // shard is at its cap, a new key first sweeps out all idle entries (at most once per cap/8 new keys),
-// else drops an idle entry among a sample of 8, or, when none of those is idle, the one nearest to
-// idle: that key then starts afresh (it may admit what it owes), which is the price of the bound.
-// New keys are never refused.
+// else drops an idle entry among a sample of 8. When none of those is idle, `when_full` decides:
+// evict the sampled entry that uses the least of its capacity (it carries the least information;
+// that key then starts afresh), or refuse the new key. Each outcome is counted (stats()).
 //
 // Thread-safe: every operation locks one shard (with_entry_pair locks two, in a fixed order).
 #pragma once
@@ -33,6 +33,9 @@
 #include <sys/mman.h>
 
 #include "keyed/siphash.hpp"
+#include "sluice/error.hpp"
+#include "sluice/keyed.hpp"
+#include "sluice/policy.hpp"
 
 namespace sluice::detail {
 
@@ -140,9 +143,11 @@ struct huge_page_allocator {
 template <class State, class Params>
 class keyed_table {
  public:
+  using state_type = State;
+
   /// `max_keys` is the hard cap over all shards (>= 1).
-  keyed_table(Params params, std::size_t max_keys, State initial)
-      : params_(params), initial_(std::move(initial)), hash_key_(random_sip_key()) {
+  keyed_table(Params params, std::size_t max_keys, State initial, sluice::when_full full = when_full::evict)
+      : params_(params), initial_(std::move(initial)), hash_key_(random_sip_key()), when_full_(full) {
     // Few shards for small caps keep the cap exact; 16 for large ones spread the locks and keep
     // each shard's array large enough for huge pages.
     std::size_t shards = std::clamp<std::size_t>(std::bit_floor(std::max<std::size_t>(max_keys / 1024, 1)), 1, 16);
@@ -153,26 +158,43 @@ class keyed_table {
 
   const Params& params() const noexcept { return params_; }
 
-  /// Finds or creates the entry for `key` and calls fn(State&) under its shard's lock.
+  /// Finds or creates the entry for `key` and returns fn(State&), called under its shard's lock;
+  /// errc::capacity_exhausted when the key is new and the table refuses it (when_full::refuse).
   template <class Fn>
-  auto with_entry(std::string_view key, std::int64_t now, Fn&& fn) {
+  auto with_entry(std::string_view key, std::int64_t now, Fn&& fn) -> result<decltype(fn(std::declval<State&>()))> {
     const std::uint64_t h = hash(key);
     shard& s = shard_for(h);
     std::lock_guard lock(s.mutex);
-    return fn(find_or_insert(s, key, h, now));
+    State* e = find_or_insert(s, key, h, now);
+    if (e == nullptr) return full_error();
+    return fn(*e);
   }
 
   /// As with_entry for a key of `first` and a key of `second`, both locked (first's shard first),
   /// calling fn(State1&, State2&). `first` and `second` must be different tables, and every caller
-  /// must pass a given pair of tables in the same order.
+  /// must pass a given pair of tables in the same order. A refused new tenant key leaves the user
+  /// table untouched; a refused new user key leaves the tenant's entry as it was (possibly new).
   template <class OtherTable, class Fn>
   friend auto with_entry_pair(keyed_table& first, std::string_view k1, OtherTable& second, std::string_view k2,
-                              std::int64_t now, Fn&& fn) {
+                              std::int64_t now, Fn&& fn)
+      -> result<decltype(fn(std::declval<State&>(), std::declval<typename OtherTable::state_type&>()))> {
     const std::uint64_t h1 = first.hash(k1);
     shard& s1 = first.shard_for(h1);
     std::lock_guard lock1(s1.mutex);
-    State& e1 = first.find_or_insert(s1, k1, h1, now);
-    return second.with_entry(k2, now, [&](auto& e2) { return fn(e1, e2); });
+    State* e1 = first.find_or_insert(s1, k1, h1, now);
+    if (e1 == nullptr) return full_error();
+    return second.with_entry(k2, now, [&](auto& e2) { return fn(*e1, e2); });
+  }
+
+  /// What happened at the key cap so far.
+  key_cap_stats stats() const {
+    key_cap_stats c;
+    for_each_shard([&](const shard& s) {
+      c.evicted_idle += s.counts.evicted_idle;
+      c.evicted_active += s.counts.evicted_active;
+      c.refused += s.counts.refused;
+    });
+    return c;
   }
 
   /// Live entries (idle ones included until they are dropped).
@@ -210,7 +232,12 @@ class keyed_table {
     std::size_t size = 0;
     std::size_t heap_bytes = 0;
     std::size_t inserts_since_sweep = 0;
+    key_cap_stats counts;
   };
+
+  static error full_error() {
+    return {errc::capacity_exhausted, "the limiter holds its maximum number of keys, all in use: new keys are refused"};
+  }
 
   // Keys come from outside: a secret per-table key keeps chosen-collision floods out.
   static sip_key random_sip_key() {
@@ -242,9 +269,10 @@ class keyed_table {
     }
   }
 
-  State& find_or_insert(shard& s, std::string_view key, std::uint64_t h, std::int64_t now) {
+  // nullptr when the key is new and the table refuses it.
+  State* find_or_insert(shard& s, std::string_view key, std::uint64_t h, std::int64_t now) {
     if (!s.slots.empty()) {
-      if (std::size_t i = find(s, key, h); i != npos) return s.slots[i].state;
+      if (std::size_t i = find(s, key, h); i != npos) return &s.slots[i].state;
     }
     if (s.size >= shard_cap_) {
       // At the cap: sweep out every idle entry, at most once per cap/8 insertions so that a key
@@ -253,7 +281,7 @@ class keyed_table {
         rebuild(s, now);
         s.inserts_since_sweep = 0;
       }
-      if (s.size >= shard_cap_) evict_one(s, h, now);
+      if (s.size >= shard_cap_ && !evict_one(s, h, now)) return nullptr;
     } else if ((s.size + 1) * 4 > s.slots.size() * 3) {
       rebuild(s, now);
     }
@@ -263,7 +291,7 @@ class keyed_table {
     e.state = initial_;
     s.heap_bytes += e.key.heap_bytes();
     ++s.size;
-    return e.state;
+    return &e.state;
   }
 
   static std::size_t insert_position(const shard& s, std::uint64_t h) noexcept {
@@ -291,24 +319,44 @@ class keyed_table {
     }
   }
 
-  // At the cap: drop an idle entry among 8 sampled, else the one nearest to idle.
-  void evict_one(shard& s, std::uint64_t h, std::int64_t now) {
+  // The share of its capacity an entry uses now, in [0, 1]: what evicting it would forget.
+  double used_share(slot& e, std::int64_t now) {
+    const decision d = e.state.evaluate(params_, now, 1);
+    if (d.limit <= 0) return 0;
+    const std::int64_t remaining_now = d.allowed ? d.remaining + 1 : d.remaining;
+    return static_cast<double>(d.limit - remaining_now) / static_cast<double>(d.limit);
+  }
+
+  // At the cap: drops an idle entry among 8 sampled, else (when_full::evict) the sampled entry using
+  // the least of its capacity. False when nothing was dropped (when_full::refuse).
+  bool evict_one(shard& s, std::uint64_t h, std::int64_t now) {
     const std::size_t mask = s.slots.size() - 1;
-    std::size_t victim = npos;
-    std::int64_t victim_idle_at = 0;
     const std::size_t sample = std::min<std::size_t>(8, s.size);
+    std::size_t victim = npos;
+    double victim_share = 2;
     for (std::size_t i = (h >> 24) & mask, seen = 0; seen < sample; i = (i + 1) & mask) {
-      const slot& e = s.slots[i];
+      slot& e = s.slots[i];
       if (e.key.empty()) continue;
       ++seen;
-      const std::int64_t idle_at = e.state.idle_at(params_);
-      if (victim == npos || idle_at < victim_idle_at) {
-        victim = i;
-        victim_idle_at = idle_at;
+      if (is_idle(e, now)) {
+        ++s.counts.evicted_idle;
+        erase(s, i);
+        return true;
       }
-      if (idle_at <= now) break;
+      if (when_full_ == when_full::refuse) continue;
+      const double share = used_share(e, now);
+      if (share < victim_share) {
+        victim = i;
+        victim_share = share;
+      }
     }
+    if (victim == npos) {
+      ++s.counts.refused;
+      return false;
+    }
+    ++s.counts.evicted_active;
     erase(s, victim);
+    return true;
   }
 
   // Backward-shift deletion: no tombstones, probe chains stay short.
@@ -332,6 +380,7 @@ class keyed_table {
   const Params params_;
   const State initial_;
   const sip_key hash_key_;
+  const sluice::when_full when_full_;
   unsigned shard_bits_ = 0;
   std::size_t shard_cap_ = 1;
   std::unique_ptr<shard[]> shards_;

@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "sluice/keyed.hpp"
 
@@ -64,6 +65,35 @@ class memory_backend_impl final : public memory_backend {
     }
   }
 
+  void sweep_idle() override {
+    std::vector<std::shared_ptr<rule_state>> states;
+    {
+      std::lock_guard lock(mutex_);
+      for (const auto& [name, st] : rules_) states.push_back(st);
+    }
+    const time_point now = options_.clock->now();
+    for (const auto& st : states) {
+      st->limiter->sweep(now);
+      if (st->tenants) st->tenants->sweep(now);
+    }
+  }
+
+  std::vector<rule_key_stats> key_stats() override {
+    std::lock_guard lock(mutex_);
+    std::vector<rule_key_stats> out;
+    for (const auto& [name, st] : rules_) {
+      key_cap_stats c = st->limiter->stats();
+      if (st->tenants) {
+        const key_cap_stats t = st->tenants->stats();
+        c.evicted_idle += t.evicted_idle;
+        c.evicted_active += t.evicted_active;
+        c.refused += t.refused;
+      }
+      out.push_back({name, c});
+    }
+    return out;
+  }
+
   std::size_t key_count() override {
     std::lock_guard lock(mutex_);
     std::size_t n = 0;
@@ -100,7 +130,8 @@ class memory_backend_impl final : public memory_backend {
     auto s = std::make_shared<rule_state>();
     s->definition = r;
     auto make = [&](const policy& p) {
-      return keyed_limiter::create({.policy = p, .max_keys = options_.max_keys_per_rule, .clock = options_.clock});
+      return keyed_limiter::create(
+          {.policy = p, .max_keys = options_.max_keys_per_rule, .clock = options_.clock, .when_full = r.when_full});
     };
     auto limiter = make(r.limit);
     if (!limiter) return limiter.error();

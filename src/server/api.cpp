@@ -165,6 +165,8 @@ api_error backend_error(const error& e) {
   if (e == errc::invalid_argument || e == errc::key_too_long || e == errc::cost_exceeds_burst) {
     return {400, "invalid_request", e.message};
   }
+  // A rule with when_full = "refuse" at its key cap: this caller is refused, as by a limit.
+  if (e == errc::capacity_exhausted) return {429, code, e.message};
   return {503, code, e.message};
 }
 

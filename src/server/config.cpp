@@ -282,7 +282,7 @@ result<rule> read_rule(const section& s) {
   r.name = *name;
   bool dual = s.has("tenant_limit") || s.has("user_limit");
   if (*a == algorithm::token_bucket) {
-    if (auto v = s.only({"name", "algorithm", "rate", "burst"}, "(algorithm token_bucket takes rate and burst)"); !v) {
+    if (auto v = s.only({"name", "algorithm", "rate", "burst", "when_full"}, "(algorithm token_bucket takes rate and burst)"); !v) {
       return v.error();
     }
     auto rate = s.positive_number("rate", max_rate);
@@ -291,7 +291,7 @@ result<rule> read_rule(const section& s) {
     if (!burst) return burst.error();
     r.limit = token_bucket_policy(per_second(*rate), *burst);
   } else if (dual) {
-    if (auto v = s.only({"name", "algorithm", "window", "tenant_limit", "user_limit"},
+    if (auto v = s.only({"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full"},
                         "(a dual-layer rule takes window, tenant_limit and user_limit)");
         !v) {
       return v.error();
@@ -307,7 +307,7 @@ result<rule> read_rule(const section& s) {
     r.limit = window_policy(*a, *user, *window);
     r.tenant = window_policy(*a, *tenant, *window);
   } else {
-    if (auto v = s.only({"name", "algorithm", "limit", "window"},
+    if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full"},
                         ("(algorithm " + std::string(to_string(*a)) + " takes limit and window)").c_str());
         !v) {
       return v.error();
@@ -317,6 +317,15 @@ result<rule> read_rule(const section& s) {
     auto window = s.duration("window");
     if (!window) return window.error();
     r.limit = window_policy(*a, *limit, *window);
+  }
+  auto full = s.string("when_full", "evict");
+  if (!full) return full.error();
+  if (*full == "evict") {
+    r.when_full = when_full::evict;
+  } else if (*full == "refuse") {
+    r.when_full = when_full::refuse;
+  } else {
+    return s.bad("when_full", "must be evict or refuse, got \"" + *full + "\"");
   }
   if (auto v = validate(r); !v) return s.bad("name", "defines an invalid rule: " + v.error().message);
   return r;
@@ -336,7 +345,7 @@ bool valid_listen(std::string_view a) {
 
 result<void> read_server(const section& s, config& out) {
   if (auto v = s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms",
-                       "max_tenant_labels"});
+                       "max_tenant_labels", "max_connections", "sweep_interval_ms"});
       !v) {
     return v.error();
   }
@@ -359,6 +368,12 @@ result<void> read_server(const section& s, config& out) {
   auto tenants = s.integer_or("max_tenant_labels", 100, 0, 10'000);
   if (!tenants) return tenants.error();
   out.server.max_tenant_labels = static_cast<std::size_t>(*tenants);
+  auto connections = s.integer_or("max_connections", 10'000, 1, 1'000'000);
+  if (!connections) return connections.error();
+  out.server.max_connections = static_cast<std::size_t>(*connections);
+  auto sweep = s.integer_or("sweep_interval_ms", 10'000, 0, 3'600'000);
+  if (!sweep) return sweep.error();
+  out.server.sweep_interval = std::chrono::milliseconds(*sweep);
   return {};
 }
 

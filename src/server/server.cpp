@@ -4,6 +4,7 @@
 // Beast/Asio templates.
 #include "sluice/server/server.hpp"
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <limits>
 #include <csignal>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -47,6 +49,26 @@ using executor = net::io_context::executor_type;
 constexpr auto idle_timeout = std::chrono::seconds(60);
 constexpr auto write_timeout = std::chrono::seconds(30);
 
+// Framing bounds. The read buffer holds only what the parser has not consumed yet (the body goes
+// into the request), so its maximum bounds every framing element Beast would otherwise buffer
+// whole: the request line, headers, a chunk-size line with its extensions, the trailer section.
+// Chunk headers, which come one after another, also count against one budget per request.
+constexpr std::size_t max_header_bytes = 8 * 1024;
+constexpr std::size_t max_buffered_bytes = 16 * 1024;
+constexpr std::size_t max_chunk_framing_bytes = 16 * 1024;
+constexpr std::size_t chunk_line_overhead = 8;  // what a chunk costs besides its extensions
+
+// Connections kept free for everything but clients (listener, Redis, config file, logs).
+constexpr rlim_t reserved_descriptors = 64;
+// After accept fails for want of descriptors, wait this long before accepting again.
+constexpr auto accept_backoff = std::chrono::milliseconds(100);
+// While draining, how long a connection waiting between requests may still send one.
+constexpr auto drain_grace = std::chrono::milliseconds(500);
+// A config file must keep the same size, mtime and inode this long before it is applied.
+constexpr auto reload_settle = std::chrono::milliseconds(500);
+// Refusal log lines per second in full; beyond them, one count per rule per second.
+constexpr std::size_t rejection_lines_per_second = 20;
+
 // A log field value: bare when it is a plain token, else quoted with escapes, so that a hostile key
 // cannot forge fields or lines.
 std::string log_value(std::string_view v) {
@@ -72,6 +94,75 @@ std::string log_value(std::string_view v) {
   if (v.size() > 256) out += "...";
   out += '"';
   return out;
+}
+
+// A log line that may repeat at a high rate (accept failures, handler exceptions): the first one is
+// logged at once, then at most one per interval, carrying the count of those not logged.
+class throttled_log {
+ public:
+  explicit throttled_log(std::chrono::seconds interval) : interval_(interval) {}
+
+  // Returns the number of occurrences to report (this one included), or 0 when it is only counted.
+  std::uint64_t occurred() {
+    std::lock_guard lock(mu_);
+    ++count_;
+    const auto now = steady::now();
+    if (logged_ && now - last_ < interval_) return 0;
+    logged_ = true;
+    last_ = now;
+    return std::exchange(count_, 0);
+  }
+
+ private:
+  std::mutex mu_;
+  std::chrono::seconds interval_;
+  steady::time_point last_{};
+  std::uint64_t count_ = 0;
+  bool logged_ = false;
+};
+
+// `log_rejections`: the first lines of each second are logged in full; the rest are counted per
+// rule and reported once a second by flush(), so a flood of refusals cannot flood the log.
+class rejection_log {
+ public:
+  // True when this refusal may be logged in full; otherwise it is counted for `rule`.
+  bool admit(std::string_view rule) {
+    std::lock_guard lock(mu_);
+    if (lines_ < rejection_lines_per_second) {
+      ++lines_;
+      return true;
+    }
+    auto it = suppressed_.find(rule);
+    if (it == suppressed_.end()) it = suppressed_.emplace(std::string(rule), 0).first;
+    ++it->second;
+    return false;
+  }
+
+  // Called once a second: logs the counts of what was not logged, and starts a new second.
+  void flush() {
+    std::map<std::string, std::uint64_t, std::less<>> counts;
+    {
+      std::lock_guard lock(mu_);
+      lines_ = 0;
+      counts.swap(suppressed_);
+    }
+    for (const auto& [rule, n] : counts) {
+      spdlog::info("event=rejections_not_logged rule={} count={} interval_ms=1000", rule, n);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::size_t lines_ = 0;
+  std::map<std::string, std::uint64_t, std::less<>> suppressed_;  // rule names come from the config
+};
+
+// "application/json", any case, with or without parameters ("; charset=utf-8").
+bool is_json_media_type(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  while (!type.empty() && (type.front() == ' ' || type.front() == '\t')) type.remove_prefix(1);
+  return beast::iequals(beast::string_view(type.data(), type.size()), "application/json");
 }
 
 // One loaded configuration and what is derived from it.
@@ -125,6 +216,8 @@ class session;
 // touched only from that thread.
 struct worker {
   net::io_context io{1};
+  // Connections accepted for this worker whose session has not ended yet.
+  std::size_t open = 0;
   net::steady_timer sweep_timer{io};
   std::vector<std::weak_ptr<session>> sessions;
   // This thread's reference to the current config, with its own reference count (see
@@ -141,13 +234,32 @@ std::int64_t coarse_now_ns() { return to_ns(coarse_clock().now()); }
 class session : public std::enable_shared_from_this<session> {
  public:
   session(net::basic_stream_socket<tcp, executor>&& socket, service& svc, worker& w)
-      : socket_(std::move(socket)), svc_(svc), worker_(w) {}
+      : socket_(std::move(socket)), svc_(svc), worker_(w) {
+    ++worker_.open;  // constructed and destroyed on the worker's thread
+  }
+  ~session();
 
-  void start() {
-    net::dispatch(socket_.get_executor(), [self = shared_from_this()] {
-      self->worker_.sessions.push_back(self);
-      self->do_read();
-    });
+  // Runs on the worker's thread. At the connection cap, first closes this worker's connection that
+  // has waited longest for a request, so that slow or idle clients cannot lock new ones out.
+  void start(std::size_t max_open) {
+    if (worker_.open > max_open && !close_longest_waiting(worker_)) {
+      beast::error_code ec;
+      socket_.close(ec);  // nothing can be shed: this connection is refused
+      return;
+    }
+    worker_.sessions.push_back(shared_from_this());
+    do_read();
+  }
+
+  // SIGTERM: a connection waiting between requests closes now, unless the next request has
+  // already arrived (bytes read or waiting in the socket): that one is still answered.
+  void drain();
+
+  bool waiting() const { return waiting_; }
+  std::int64_t waiting_since() const { return waiting_since_ns_; }
+  void shed() {
+    beast::error_code ec;
+    socket_.close(ec);
   }
 
   // Called by the worker's sweeper: closes the connection when its current deadline has passed.
@@ -159,6 +271,9 @@ class session : public std::enable_shared_from_this<session> {
   }
 
  private:
+  static bool close_longest_waiting(worker& w);
+  void count_in_flight();
+  void on_chunk_header(std::uint64_t size, std::string_view extensions, beast::error_code& ec);
   void set_deadline(std::chrono::nanoseconds d) { deadline_ns_ = coarse_now_ns() + d.count(); }
   void clear_deadline() { deadline_ns_ = std::numeric_limits<std::int64_t>::max(); }
 
@@ -181,7 +296,12 @@ class session : public std::enable_shared_from_this<session> {
   service& svc_;
   worker& worker_;
   std::int64_t deadline_ns_ = std::numeric_limits<std::int64_t>::max();
-  beast::flat_buffer buffer_;
+  bool waiting_ = false;  // between requests: no byte of the next one parsed yet
+  std::int64_t waiting_since_ns_ = 0;
+  beast::flat_buffer buffer_{max_buffered_bytes};
+  std::size_t chunk_framing_ = 0;  // bytes of chunk headers in the request being read
+  bool framing_exceeded_ = false;
+  std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_callback_;
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bhttp::request<bhttp::string_body> req_;
   std::string extra_headers_;  // "Name: value\r\n" lines for the response being built
@@ -232,6 +352,7 @@ class service {
   }
   backend& limiter() { return *backend_; }
   server::metrics& stats() { return metrics_; }
+  rejection_log& rejections() { return rejections_; }
   bool draining() const { return draining_.load(std::memory_order_relaxed); }
   void request_begin() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
   void request_end() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
@@ -241,6 +362,7 @@ class service {
     g.backend_ready = backend_->ready();
     if (memory_) g.live_keys = static_cast<std::int64_t>(memory_->key_count());
     std::string out = metrics_.render(g);
+    if (memory_) append_eviction_metrics(out, memory_->key_stats());
     out += "# HELP sluice_http_requests_in_flight Requests read and not yet answered (this scrape included).\n"
            "# TYPE sluice_http_requests_in_flight gauge\nsluice_http_requests_in_flight " +
            std::to_string(in_flight_.load(std::memory_order_relaxed)) + "\n";
@@ -248,6 +370,19 @@ class service {
     if (auto* redis = dynamic_cast<redis_backend*>(backend_.get())) append_redis_metrics(out, redis->stats());
 #endif
     return out;
+  }
+
+  static void append_eviction_metrics(std::string& out, const std::vector<rule_key_stats>& rules) {
+    out += "# HELP sluice_evictions_total Keys dropped or refused at the key cap (max_keys_per_rule), by rule and kind: "
+           "idle (nothing forgotten), active (the key started afresh), refused (new key refused).\n"
+           "# TYPE sluice_evictions_total counter\n";
+    for (const auto& r : rules) {
+      const std::pair<const char*, std::uint64_t> kinds[] = {
+          {"idle", r.counts.evicted_idle}, {"active", r.counts.evicted_active}, {"refused", r.counts.refused}};
+      for (const auto& [kind, n] : kinds) {
+        out += "sluice_evictions_total{rule=\"" + r.rule + "\",kind=\"" + kind + "\"} " + std::to_string(n) + "\n";
+      }
+    }
   }
 
 #ifdef SLUICE_HAVE_REDIS
@@ -292,14 +427,18 @@ class service {
       workers_.push_back(std::make_unique<worker>());
       guards_.emplace_back(workers_.back()->io.get_executor());
     }
+    const std::size_t max_open = max_connections(snap->cfg.server.max_connections);
+    max_open_per_worker_ = std::max<std::size_t>(1, max_open / workers_.size());
+    spdlog::info("event=connection_limit max_connections={}", max_open_per_worker_ * workers_.size());
     for (auto& w : workers_) arm_sweep(*w);
     do_accept();
     wait_signal();
     arm_watch(snap->cfg.server.watch_interval);
+    arm_housekeeping();
 
     std::vector<std::thread> pool;
-    for (auto& w : workers_) pool.emplace_back([&io = w->io] { io.run(); });
-    ioc_.run();
+    for (auto& w : workers_) pool.emplace_back([this, &io = w->io] { run_guarded(io); });
+    run_guarded(ioc_);
     for (auto& t : pool) t.join();
     // The backend goes first: completions it still holds (a drain that timed out on Redis) are
     // posted to the stopped io_contexts, which must still exist to take them.
@@ -310,27 +449,61 @@ class service {
   }
 
  private:
+  // The configured cap, lowered to what the descriptor limit leaves after reserved_descriptors.
+  static std::size_t max_connections(std::size_t configured) {
+    rlimit lim{};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return configured;
+    const rlim_t usable = lim.rlim_cur > 2 * reserved_descriptors ? lim.rlim_cur - reserved_descriptors : lim.rlim_cur / 2;
+    return std::min<std::size_t>(configured, std::max<rlim_t>(usable, 1));
+  }
+
+  // An exception escaping a handler (one connection's) is logged and the loop goes on: no request
+  // can end the process. The handler's connection is closed as its session is destroyed.
+  void run_guarded(net::io_context& io) {
+    for (;;) {
+      try {
+        io.run();
+        return;
+      } catch (const std::exception& e) {
+        if (std::uint64_t n = handler_exceptions_.occurred()) {
+          spdlog::error("event=handler_exception error={} count={}", log_value(e.what()), n);
+        }
+      } catch (...) {
+        if (std::uint64_t n = handler_exceptions_.occurred()) {
+          spdlog::error("event=handler_exception error=unknown count={}", n);
+        }
+      }
+    }
+  }
+
   static std::string endpoint_text(const tcp::endpoint& e) {
     std::string a = e.address().to_string();
     if (e.address().is_v6()) a = "[" + a + "]";
     return a + ":" + std::to_string(e.port());
   }
 
+  // Accepts on the control thread; the session is made on its worker's thread. When descriptors
+  // run out, accepting pauses for accept_backoff (the kernel's backlog holds new connections
+  // meanwhile) and the failure is logged once per interval with its count.
   void do_accept() {
     worker& target = *workers_[next_++ % workers_.size()];
     acceptor_.async_accept(target.io, [this, &target](beast::error_code ec, net::basic_stream_socket<tcp, executor> socket) {
       if (ec) {
         if (!acceptor_.is_open()) return;  // draining
-        spdlog::warn("event=accept_failed error={}", log_value(ec.message()));
-        if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space) {
-          // Out of file descriptors: wait a little instead of spinning on accept.
-          accept_retry_timer_.expires_after(std::chrono::milliseconds(100));
+        if (std::uint64_t n = accept_failures_.occurred()) {
+          spdlog::warn("event=accept_failed error={} count={}", log_value(ec.message()), n);
+        }
+        if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space ||
+            ec == net::error::no_memory) {
+          accept_retry_timer_.expires_after(accept_backoff);
           accept_retry_timer_.async_wait([this](beast::error_code) { do_accept(); });
           return;
         }
       } else {
         socket.set_option(tcp::no_delay(true), ec);
-        std::make_shared<session>(std::move(socket), *this, target)->start();
+        net::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
+          std::make_shared<session>(std::move(socket), *this, target)->start(max_open_per_worker_);
+        });
       }
       do_accept();
     });
@@ -338,7 +511,8 @@ class service {
 
   // Every second, on each worker's own thread: close connections past their deadline, forget ended ones.
   void arm_sweep(worker& w) {
-    w.sweep_timer.expires_after(std::chrono::seconds(1));
+    // While draining, deadlines are drain_grace short: look more often.
+    w.sweep_timer.expires_after(draining() ? std::chrono::milliseconds(50) : std::chrono::milliseconds(1000));
     w.sweep_timer.async_wait([this, &w](beast::error_code ec) {
       if (ec) return;
       std::int64_t now = coarse_now_ns();
@@ -366,14 +540,41 @@ class service {
     });
   }
 
+  // Polls the file's stamp. A change is applied once the stamp has held for reload_settle, so a
+  // file caught while being written in place is not applied half-written (writing a new file and
+  // renaming it over the old one is atomic, and the way to update).
   void arm_watch(std::chrono::milliseconds interval) {
     if (interval.count() == 0 || draining()) return;
-    watch_timer_.expires_after(interval);
+    watch_timer_.expires_after(pending_stamp_ ? std::min<std::chrono::milliseconds>(interval, reload_settle) : interval);
     watch_timer_.async_wait([this](beast::error_code ec) {
       if (ec) return;
-      file_stamp now = stamp_of(config_path_);
-      if (!(now == stamp_)) reload("file_change");
+      const file_stamp now = stamp_of(config_path_);
+      if (now == stamp_) {
+        pending_stamp_.reset();
+      } else if (!pending_stamp_ || !(*pending_stamp_ == now)) {
+        pending_stamp_ = now;  // changed (again): wait for it to settle
+        pending_since_ = steady::now();
+      } else if (steady::now() - pending_since_ >= reload_settle) {
+        pending_stamp_.reset();
+        reload("file_change");
+      }
       arm_watch(current()->cfg.server.watch_interval);
+    });
+  }
+
+  // Every second on the control thread: the refusal log's counts; every sweep_interval, idle
+  // limiter state (a full bucket, an empty window) is dropped, so memory returns after a key flood.
+  void arm_housekeeping() {
+    housekeeping_timer_.expires_after(std::chrono::seconds(1));
+    housekeeping_timer_.async_wait([this](beast::error_code ec) {
+      if (ec) return;
+      rejections_.flush();
+      const auto interval = current()->cfg.server.sweep_interval;
+      if (interval.count() > 0 && steady::now() - last_sweep_ >= interval) {
+        backend_->sweep_idle();
+        last_sweep_ = steady::now();
+      }
+      arm_housekeeping();
     });
   }
 
@@ -429,15 +630,28 @@ class service {
     beast::error_code ec;
     acceptor_.close(ec);
     watch_timer_.cancel();
+    housekeeping_timer_.cancel();
     accept_retry_timer_.cancel();
     signals_.cancel();
     drain_deadline_ = steady::now() + current()->cfg.server.drain_timeout;
+    // Each worker tells its connections; until all have, "nothing in flight" proves nothing.
+    workers_to_drain_.store(static_cast<int>(workers_.size()));
+    for (auto& w : workers_) {
+      net::post(w->io, [this, &w = *w] {
+        for (const auto& weak : w.sessions) {
+          if (auto s = weak.lock()) s->drain();
+        }
+        w.sweep_timer.cancel();  // re-armed at the draining pace
+        arm_sweep(w);
+        workers_to_drain_.fetch_sub(1);
+      });
+    }
     poll_drain();
   }
 
   void poll_drain() {
     int n = in_flight_.load();
-    if (n == 0 || steady::now() >= drain_deadline_) {
+    if ((n == 0 && workers_to_drain_.load() == 0) || steady::now() >= drain_deadline_) {
       spdlog::info("event=drained abandoned_requests={}", n);
       guards_.clear();
       for (auto& w : workers_) w->io.stop();
@@ -466,33 +680,103 @@ class service {
   net::steady_timer watch_timer_;
   net::steady_timer drain_timer_;
   net::steady_timer accept_retry_timer_{ioc_};
+  net::steady_timer housekeeping_timer_{ioc_};
   file_stamp stamp_;
+  std::optional<file_stamp> pending_stamp_;  // a change waiting to settle
+  steady::time_point pending_since_;
+  steady::time_point last_sweep_ = steady::now();
+  std::size_t max_open_per_worker_ = 1;
+  throttled_log accept_failures_{std::chrono::seconds(10)};
+  throttled_log handler_exceptions_{std::chrono::seconds(10)};
+  rejection_log rejections_;
   std::atomic<bool> draining_{false};
   std::atomic<int> in_flight_{0};
+  std::atomic<int> workers_to_drain_{0};
   steady::time_point drain_deadline_;
   std::size_t next_ = 0;
 };
 
+session::~session() {
+  --worker_.open;
+  if (counted_) svc_.request_end();  // ended by an exception mid-request
+}
+
+bool session::close_longest_waiting(worker& w) {
+  std::shared_ptr<session> oldest;
+  for (const auto& weak : w.sessions) {
+    auto s = weak.lock();
+    if (s && s->waiting() && (!oldest || s->waiting_since() < oldest->waiting_since())) oldest = std::move(s);
+  }
+  if (!oldest) return false;
+  oldest->shed();
+  return true;
+}
+
+// A connection waiting between requests may have been promised keep-alive by the last response:
+// its client may be sending the next request right now. It gets drain_grace to do so (answered,
+// with Connection: close); silent, it is closed. A connection mid-request is answered with
+// Connection: close and closed after.
+void session::drain() {
+  if (!waiting_) return;
+  count_in_flight();
+  deadline_ns_ = std::min(deadline_ns_, coarse_now_ns() + std::chrono::nanoseconds(drain_grace).count());
+}
+
+void session::count_in_flight() {
+  if (counted_) return;
+  svc_.request_begin();
+  counted_ = true;
+}
+
+void session::on_chunk_header(std::uint64_t, std::string_view extensions, beast::error_code& ec) {
+  chunk_framing_ += extensions.size() + chunk_line_overhead;
+  if (chunk_framing_ > max_chunk_framing_bytes) {
+    framing_exceeded_ = true;
+    ec = bhttp::error::body_limit;
+  }
+}
+
 void session::do_read() {
   parser_.emplace();
+  parser_->header_limit(max_header_bytes);
   parser_->body_limit(max_body_bytes);
+  chunk_framing_ = 0;
+  framing_exceeded_ = false;
+  if (!chunk_header_callback_) {
+    chunk_header_callback_ = [this](std::uint64_t size, beast::string_view ext, beast::error_code& ec) {
+      on_chunk_header(size, std::string_view(ext.data(), ext.size()), ec);
+    };
+  }
+  parser_->on_chunk_header(chunk_header_callback_);  // the parser keeps a reference
+  waiting_ = true;
+  waiting_since_ns_ = coarse_now_ns();
   set_deadline(idle_timeout);
+  if (svc_.draining()) drain();
   bhttp::async_read_header(socket_, buffer_, *parser_,
                            beast::bind_front_handler(&session::on_header, shared_from_this()));
 }
 
-// Answers a request that could not be read, then closes: 413 for a body over the limit, 400 for a
-// malformed request. Returns false when the connection should just be closed (timeout, reset).
+// Answers a request that could not be read, then closes: 431 for headers over the limit, 413 for a
+// body (or its chunk framing) over the limit, 400 for a malformed request. Returns false when the
+// connection should just be closed (timeout, reset).
 bool session::reply_read_error(beast::error_code ec) {
-  if (!counted_) {
-    svc_.request_begin();
-    counted_ = true;
-  }
+  const bool in_header = waiting_ || !parser_->is_header_done();
+  waiting_ = false;
+  count_in_flight();
   req_ = {};
   req_.keep_alive(false);
   extra_headers_.clear();
-  if (ec == bhttp::error::body_limit) {
-    reply_error({413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"});
+  if (ec == bhttp::error::header_limit || (ec == bhttp::error::buffer_overflow && in_header)) {
+    reply_error({431, "header_too_large",
+                 "the request line and headers are larger than " + std::to_string(max_header_bytes) + " bytes"});
+    return true;
+  }
+  if (ec == bhttp::error::body_limit || ec == bhttp::error::buffer_overflow) {
+    std::string message = framing_exceeded_ || ec == bhttp::error::buffer_overflow
+                              ? "the chunked framing (chunk lines, extensions, trailers) is larger than " +
+                                    std::to_string(max_chunk_framing_bytes) + " bytes"
+                              : "the body is larger than " + std::to_string(max_body_bytes) + " bytes";
+    reply_error({413, "payload_too_large", std::move(message)});
     return true;
   }
   if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category() &&
@@ -510,8 +794,8 @@ void session::on_header(beast::error_code ec, std::size_t) {
     return;
   }
   // From here the request is in flight: SIGTERM waits for it.
-  svc_.request_begin();
-  counted_ = true;
+  waiting_ = false;
+  count_in_flight();
   set_deadline(write_timeout);
   const auto& h = parser_->get();
   if (!parser_->is_done() && beast::iequals(h[bhttp::field::expect], "100-continue")) {
@@ -565,6 +849,12 @@ void session::handle() {
 }
 
 void session::handle_check() {
+  // A browser may send a cross-origin text/plain or form POST without asking first; requiring JSON
+  // makes it ask (CORS preflight), so no page can spend a key's budget.
+  auto content_type = req_[bhttp::field::content_type];
+  if (!is_json_media_type({content_type.data(), content_type.size()})) {
+    return reply_error({415, "unsupported_media_type", "POST /v1/check needs Content-Type: application/json"});
+  }
   snap_ = svc_.current_for(worker_);
   auto parsed = parse_check_body(req_.body(), snap_->cfg);
   if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
@@ -609,7 +899,7 @@ void session::finish_check() {
       continue;
     }
     svc_.stats().record_decision(item.rule->name, item.tenant, *r, latency);
-    if (!r->allowed && cfg.server.log_rejections) {
+    if (!r->allowed && cfg.server.log_rejections && svc_.rejections().admit(item.rule->name)) {
       if (item.rule->is_dual_layer()) {
         spdlog::info("event=check rate_limited=true rule={} tenant={} user={} rejected_by={}", item.rule->name,
                      log_value(item.tenant), log_value(item.user), to_string(r->rejected_by));
@@ -692,7 +982,8 @@ void session::on_write(bool close_after, beast::error_code ec, std::size_t) {
   snap_.reset();
   batch_ = {};
   results_.clear();
-  if (ec || close_after || svc_.draining()) return close();
+  // The client was promised keep-alive: a drain that began meanwhile is handled in do_read.
+  if (ec || close_after) return close();
   do_read();
 }
 

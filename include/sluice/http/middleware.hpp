@@ -85,13 +85,18 @@ enum class forwarding_header : std::uint8_t {
 };
 
 /// The client address of a request. `header` is read only when the peer is in `trusted`; it is
-/// walked right to left, skipping trusted proxies, and the first other hop is the client (all
-/// trusted: the leftmost). A header that is malformed, longer than 8 KiB, has more than 64 hops,
-/// or names a hop that is not an IP address ("unknown", obfuscated identifiers) gives the peer
-/// address. nullopt only when the peer itself is not an address (the caller then keys on the
-/// peer's text).
+/// walked right to left over what the trusted proxies appended, and the first other hop is the
+/// client (all trusted: the leftmost; no header: the peer, which sent the request itself). Only
+/// the hops up to the client are parsed: what the client wrote to the left of them never matters.
+/// nullopt when no client can be found: the peer is not an address, or a hop in the part walked
+/// is malformed, not an IP address ("unknown", obfuscated identifiers), longer than 256 bytes, or
+/// more than 64 hops deep. The middleware never falls back to the proxy's address.
 std::optional<ip_address> client_address(const address_sources& sources, const std::vector<cidr>& trusted,
                                          forwarding_header header = forwarding_header::x_forwarded_for);
+
+/// The key of requests keyed by client IP whose client cannot be found (see client_address): one
+/// budget shared by all of them.
+inline constexpr std::string_view unresolved_client_key = "ip:unresolved";
 
 // --- routes and keys ----------------------------------------------------------------------------
 
@@ -127,7 +132,7 @@ struct identity {
 /// everything below; "/pre*" matches every path starting with "/pre"; "*" matches everything.
 /// The query string is ignored.
 struct route_pattern {
-  std::string method{};  ///< "GET", "POST", ... exact, case-sensitive; empty = any method. Default: empty.
+  std::string method{};  ///< "GET" (covers HEAD too), "POST", ... exact, case-sensitive; empty = any. Default: empty.
   std::string path{};    ///< The path pattern. Required.
 };
 

@@ -177,7 +177,11 @@ inline http_response http(int port, const http_request& req) {
   }
   std::string out = req.method + " " + req.target + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
   for (const auto& [k, v] : req.headers) out += k + ": " + v + "\r\n";
-  if (!req.body.empty() || req.method == "POST") out += "Content-Length: " + std::to_string(req.body.size()) + "\r\n";
+  bool chunked = false;  // the body is then sent as given, framing included
+  for (const auto& h : req.headers) chunked = chunked || h.first == "Transfer-Encoding";
+  if (!chunked && (!req.body.empty() || req.method == "POST")) {
+    out += "Content-Length: " + std::to_string(req.body.size()) + "\r\n";
+  }
   out += "\r\n" + req.body;
   for (std::size_t sent = 0; sent < out.size();) {
     ssize_t n = send(fd, out.data() + sent, out.size() - sent, MSG_NOSIGNAL);

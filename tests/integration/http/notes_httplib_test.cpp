@@ -66,6 +66,27 @@ TEST(NotesHttplib, PerIpAndSpoofedForwardedForIgnored) {
   EXPECT_EQ(http_get(s.port, "/public", {}, "127.0.0.2").status, 200);
 }
 
+// httplib answers HEAD with the GET handler: a GET route must check and count it.
+TEST(NotesHttplib, HeadIsLimitedAsTheGetItRuns) {
+  httplib_server s;
+  auto q = exhaust(s.port, [](int) { return http_request{.method = "HEAD", .target = "/export", .headers = {{"X-User", "alice"}}}; }, 30);
+  EXPECT_EQ(q.admitted, 10);
+  ASSERT_EQ(q.refusal.status, 429);
+  EXPECT_EQ(http(s.port, as_user("alice", "/export")).status, 429) << "the HEADs spent alice's quota";
+  EXPECT_EQ(http(s.port, as_user("bob", "/export")).status, 200);
+}
+
+// A client at its limit behind the proxy cannot get a fresh budget with a header the middleware
+// cannot parse: the proxy appended the real address, and only that part is read.
+TEST(NotesHttplib, MalformedClientPrefixDoesNotEscapeTheLimit) {
+  httplib_server s({"--trusted-proxy", "127.0.0.1"});
+  auto r = exhaust(s.port, [](int) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}}; });
+  ASSERT_EQ(r.refusal.status, 429);
+  for (const std::string& prefix : {std::string("\"x"), std::string(4000, ' ') + "x", std::string("a, b, c, [")}) {
+    EXPECT_EQ(http_get(s.port, "/public", {{"X-Forwarded-For", prefix + ", 198.51.100.7"}}).status, 429);
+  }
+}
+
 TEST(NotesHttplib, TrustedProxyHonoured) {
   httplib_server s({"--trusted-proxy", "127.0.0.1"});
   auto r = exhaust(s.port, [](int) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}}; });

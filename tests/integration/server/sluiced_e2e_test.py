@@ -319,7 +319,7 @@ class FullForm(SluicedTest):
     def test_expect_100_continue(self):
         body = json.dumps({"rule": "ai", "key": "continue:1"}).encode()
         with socket.create_connection(("127.0.0.1", self.s.port), timeout=5) as c:
-            c.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+            c.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
                       % len(body))
             interim = c.recv(4096)
             self.assertTrue(interim.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), interim)
@@ -331,7 +331,7 @@ class FullForm(SluicedTest):
 
     def test_pipelined_requests(self):
         body = json.dumps({"rule": "ai", "key": "pipe:1"}).encode()
-        one = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        one = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         with socket.create_connection(("127.0.0.1", self.s.port), timeout=5) as c:
             c.sendall(one * 4 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             data = b""
@@ -365,7 +365,8 @@ class FullForm(SluicedTest):
         conn.connect()
         local = conn.sock.getsockname()
         for i in range(20):
-            conn.request("POST", "/v1/check", json.dumps({"rule": "ai", "key": "ka:%d" % i}))
+            conn.request("POST", "/v1/check", json.dumps({"rule": "ai", "key": "ka:%d" % i}),
+                         {"Content-Type": "application/json"})
             r = conn.getresponse()
             r.read()
             self.assertEqual(r.status, 200)
@@ -580,7 +581,7 @@ class Shutdown(SluicedTest):
         try:
             socks = []
             body = json.dumps({"rule": "ai", "key": "inflight"}).encode()
-            req = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            req = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
             for _ in range(5):
                 c = socket.create_connection(("127.0.0.1", s.port), timeout=5)
                 c.sendall(req)  # headers only: the request is in flight until the body arrives

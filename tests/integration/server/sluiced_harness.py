@@ -48,7 +48,7 @@ class Response:
 class Sluiced:
     """One sluiced process with its own config file and log."""
 
-    def __init__(self, config_text, extra_args=(), env=None):
+    def __init__(self, config_text, extra_args=(), env=None, preexec_fn=None):
         self.dir = tempfile.TemporaryDirectory(prefix="sluiced-test-")
         self.config_path = os.path.join(self.dir.name, "sluice.toml")
         self.log_path = os.path.join(self.dir.name, "sluiced.log")
@@ -56,7 +56,7 @@ class Sluiced:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [SLUICED, "--config", self.config_path, "--listen", "127.0.0.1:0", *extra_args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec_fn)
         line = wait_for(lambda: self._listening_line(), timeout=20, what="sluiced to listen")
         self.port = int(line)
         self.conn = None
@@ -87,6 +87,9 @@ class Sluiced:
             body = json.dumps(body)
         if isinstance(body, str):
             body = body.encode()
+        headers = dict(headers or {})
+        if method == "POST" and not any(k.lower() == "content-type" for k in headers):
+            headers["Content-Type"] = "application/json"
         try:
             self.conn.request(method, path, body=body, headers=headers or {})
             r = self.conn.getresponse()
