@@ -33,7 +33,7 @@ for src in "${lib[@]}"; do
 done
 
 status=0
-for target in fuzz_check_body fuzz_config; do
+for target in fuzz_check_body fuzz_config fuzz_http_request; do
   corpus_seed="$root/fuzz/corpus/${target#fuzz_}"
   work="$out/$target-corpus"
   mkdir -p "$work"

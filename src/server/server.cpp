@@ -34,6 +34,7 @@
 #include "sluice/redis_backend.hpp"
 #endif
 #include "sluice/server/metrics.hpp"
+#include "server/request_limits.hpp"
 
 namespace sluice::server {
 
@@ -48,15 +49,6 @@ using executor = net::io_context::executor_type;
 
 constexpr auto idle_timeout = std::chrono::seconds(60);
 constexpr auto write_timeout = std::chrono::seconds(30);
-
-// Framing bounds. The read buffer holds only what the parser has not consumed yet (the body goes
-// into the request), so its maximum bounds every framing element Beast would otherwise buffer
-// whole: the request line, headers, a chunk-size line with its extensions, the trailer section.
-// Chunk headers, which come one after another, also count against one budget per request.
-constexpr std::size_t max_header_bytes = 8 * 1024;
-constexpr std::size_t max_buffered_bytes = 16 * 1024;
-constexpr std::size_t max_chunk_framing_bytes = 16 * 1024;
-constexpr std::size_t chunk_line_overhead = 8;  // what a chunk costs besides its extensions
 
 // Connections kept free for everything but clients (listener, Redis, config file, logs).
 constexpr rlim_t reserved_descriptors = 64;
@@ -273,7 +265,6 @@ class session : public std::enable_shared_from_this<session> {
  private:
   static bool close_longest_waiting(worker& w);
   void count_in_flight();
-  void on_chunk_header(std::uint64_t size, std::string_view extensions, beast::error_code& ec);
   void set_deadline(std::chrono::nanoseconds d) { deadline_ns_ = coarse_now_ns() + d.count(); }
   void clear_deadline() { deadline_ns_ = std::numeric_limits<std::int64_t>::max(); }
 
@@ -299,9 +290,7 @@ class session : public std::enable_shared_from_this<session> {
   bool waiting_ = false;  // between requests: no byte of the next one parsed yet
   std::int64_t waiting_since_ns_ = 0;
   beast::flat_buffer buffer_{max_buffered_bytes};
-  std::size_t chunk_framing_ = 0;  // bytes of chunk headers in the request being read
-  bool framing_exceeded_ = false;
-  std::function<void(std::uint64_t, beast::string_view, beast::error_code&)> chunk_header_callback_;
+  chunk_framing_budget chunk_framing_;  // of the request being read; the parser holds a reference
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bhttp::request<bhttp::string_body> req_;
   std::string extra_headers_;  // "Name: value\r\n" lines for the response being built
@@ -728,26 +717,9 @@ void session::count_in_flight() {
   counted_ = true;
 }
 
-void session::on_chunk_header(std::uint64_t, std::string_view extensions, beast::error_code& ec) {
-  chunk_framing_ += extensions.size() + chunk_line_overhead;
-  if (chunk_framing_ > max_chunk_framing_bytes) {
-    framing_exceeded_ = true;
-    ec = bhttp::error::body_limit;
-  }
-}
-
 void session::do_read() {
   parser_.emplace();
-  parser_->header_limit(max_header_bytes);
-  parser_->body_limit(max_body_bytes);
-  chunk_framing_ = 0;
-  framing_exceeded_ = false;
-  if (!chunk_header_callback_) {
-    chunk_header_callback_ = [this](std::uint64_t size, beast::string_view ext, beast::error_code& ec) {
-      on_chunk_header(size, std::string_view(ext.data(), ext.size()), ec);
-    };
-  }
-  parser_->on_chunk_header(chunk_header_callback_);  // the parser keeps a reference
+  apply_request_limits(*parser_, chunk_framing_);
   waiting_ = true;
   waiting_since_ns_ = coarse_now_ns();
   set_deadline(idle_timeout);
@@ -772,7 +744,7 @@ bool session::reply_read_error(beast::error_code ec) {
     return true;
   }
   if (ec == bhttp::error::body_limit || ec == bhttp::error::buffer_overflow) {
-    std::string message = framing_exceeded_ || ec == bhttp::error::buffer_overflow
+    std::string message = chunk_framing_.exceeded || ec == bhttp::error::buffer_overflow
                               ? "the chunked framing (chunk lines, extensions, trailers) is larger than " +
                                     std::to_string(max_chunk_framing_bytes) + " bytes"
                               : "the body is larger than " + std::to_string(max_body_bytes) + " bytes";
