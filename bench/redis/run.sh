@@ -63,12 +63,12 @@ redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q \
 cli INFO commandstats | tr -d '\r' | grep '^cmdstat_evalsha' | sed 's/^/   /'
 cli FLUSHALL >/dev/null
 
-# The same ceiling for our own sliding-window-log script (server time, -1 = read Redis TIME).
+# The same ceiling for our own sliding-window-log script (server time, -1 = read Redis TIME; the last -1: no deadline).
 ours=$(cli SCRIPT LOAD "$("$bench" --script-body sliding_window_log)")
 echo "== ceiling: redis-benchmark -c 50 -P 16, EVALSHA of sluice's sliding_window_log script, 100,000 keys"
 cli CONFIG RESETSTAT >/dev/null
 redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q \
-  EVALSHA "$ours" 1 "ours:__rand_int__" -1 1 100 60000000 0 | tr '\r' '\n' | grep -v '^$' | tail -1
+  EVALSHA "$ours" 1 "ours:__rand_int__" -1 1 100 60000000 0 -1 | tr '\r' '\n' | grep -v '^$' | tail -1
 cli INFO commandstats | tr -d '\r' | grep '^cmdstat_evalsha' | sed 's/^/   /'
 cli FLUSHALL >/dev/null
 

@@ -29,24 +29,36 @@ struct window_params {
   std::int64_t window_ns = 0;  ///< Window length, > 0.
 };
 
-/// Exact: at most `limit` admissions in any window (now − W, now]. Keeps one timestamp per admitted
-/// unit (O(limit) memory); refused checks are not recorded.
+/// Exact: at most `limit` admitted units in any window (now − W, now]. Keeps one entry (16 bytes)
+/// per admission, whatever its cost, so memory is O(admissions in a window) — at most `limit`
+/// entries — and every operation is O(log entries): a client choosing a large cost costs no more
+/// than one choosing 1. Admissions at the same instant share an entry. Refused checks are not
+/// recorded.
 class sliding_window_log_state {
  public:
   decision evaluate(const window_params& p, std::int64_t now, std::int64_t cost);
   void commit(const window_params& p, std::int64_t now, std::int64_t cost);
   std::int64_t idle_at(const window_params& p) const noexcept;
-  /// Admissions currently recorded (including any not yet expired by a later evaluate).
-  std::size_t size() const noexcept { return times_.size() - head_; }
+  /// Entries currently held (including any not yet expired by a later evaluate).
+  std::size_t size() const noexcept { return entries_.size() - head_; }
+  /// Bytes of entries held, at the vector's capacity.
+  std::size_t memory_bytes() const noexcept { return entries_.capacity() * sizeof(entry); }
 
  private:
+  struct entry {
+    std::int64_t time;   // ns
+    std::int64_t total;  // units admitted from the first live entry's start up to this one, inclusive
+  };
+
   std::int64_t effective_now(std::int64_t now) const noexcept {
-    return times_.size() > head_ ? std::max(now, times_.back()) : now;
+    return size() > 0 ? std::max(now, entries_.back().time) : now;
   }
+  std::int64_t live_units() const noexcept { return size() > 0 ? entries_.back().total - base_ : 0; }
   void expire(const window_params& p, std::int64_t now);
 
-  std::vector<std::int64_t> times_;  // ascending; live entries are [head_, size)
+  std::vector<entry> entries_;  // ascending in time and total; live entries are [head_, size)
   std::size_t head_ = 0;
+  std::int64_t base_ = 0;  // `total` of the last expired entry: live units = back().total − base_
 };
 
 /// O(1) approximation of the log over windows aligned to multiples of W: the estimate at `now` is

@@ -1,5 +1,7 @@
 #include "sluice/window_states.hpp"
 
+#include <limits>
+
 namespace sluice {
 
 using saturating::floor_div;
@@ -11,18 +13,32 @@ __extension__ using int128 = __int128;  // exact products of counts and nanoseco
 void sliding_window_log_state::expire(const window_params& p, std::int64_t now) {
   // Entries at or before now − W have left the window (now − W, now].
   const std::int64_t cutoff = saturating::sub(now, p.window_ns);
-  auto first_live = std::upper_bound(times_.begin() + static_cast<std::ptrdiff_t>(head_), times_.end(), cutoff);
-  head_ = static_cast<std::size_t>(first_live - times_.begin());
-  if (head_ == times_.size()) {
-    times_.clear();
+  auto first_live = std::upper_bound(entries_.begin() + static_cast<std::ptrdiff_t>(head_), entries_.end(), cutoff,
+                                     [](std::int64_t t, const entry& e) { return t < e.time; });
+  const auto first = static_cast<std::size_t>(first_live - entries_.begin());
+  if (first == entries_.size()) {
+    entries_.clear();
     head_ = 0;
+    base_ = 0;
+    return;
+  }
+  if (first > head_) {
+    base_ = entries_[first - 1].total;
+    head_ = first;
+  }
+  // Totals are at most base_ + limit; keep that within 64 bits (only enormous limits get here).
+  if (base_ > std::numeric_limits<std::int64_t>::max() - p.limit) {
+    entries_.erase(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+    for (entry& e : entries_) e.total -= base_;
+    base_ = 0;
   }
 }
 
 decision sliding_window_log_state::evaluate(const window_params& p, std::int64_t now, std::int64_t cost) {
   now = effective_now(now);
   expire(p, now);
-  const auto live = static_cast<std::int64_t>(size());
+  const std::int64_t live = live_units();
   decision d;
   d.limit = p.limit;
   if (cost <= p.limit - live) {  // not live + cost: limits up to 2^63 − 1 must not overflow
@@ -31,28 +47,36 @@ decision sliding_window_log_state::evaluate(const window_params& p, std::int64_t
     d.reset_after = nanoseconds(p.window_ns);  // the newest entry will be `now`
     return d;
   }
-  // The (live + cost − limit)-th oldest entry must leave the window first.
+  // The (live + cost − limit)-th oldest unit must leave the window first: it belongs to the first
+  // entry whose running total reaches base_ + that many.
   const std::int64_t must_expire = cost - (p.limit - live);
-  const std::int64_t t = times_[head_ + static_cast<std::size_t>(must_expire - 1)];
+  const std::int64_t unit = base_ + must_expire;
+  auto holder = std::lower_bound(entries_.begin() + static_cast<std::ptrdiff_t>(head_), entries_.end(), unit,
+                                 [](const entry& e, std::int64_t u) { return e.total < u; });
   d.remaining = p.limit - live;
-  d.retry_after = nanoseconds(saturating::sub(saturating::add(t, p.window_ns), now));
-  d.reset_after = nanoseconds(saturating::sub(saturating::add(times_.back(), p.window_ns), now));
+  d.retry_after = nanoseconds(saturating::sub(saturating::add(holder->time, p.window_ns), now));
+  d.reset_after = nanoseconds(saturating::sub(saturating::add(entries_.back().time, p.window_ns), now));
   return d;
 }
 
 void sliding_window_log_state::commit(const window_params& p, std::int64_t now, std::int64_t cost) {
   now = effective_now(now);
   expire(p, now);
-  // Drop the expired prefix once it is the larger part, keeping memory within about 2 × limit.
-  if (head_ >= 32 && head_ * 2 >= times_.size()) {
-    times_.erase(times_.begin(), times_.begin() + static_cast<std::ptrdiff_t>(head_));
+  if (size() > 0 && entries_.back().time == now) {  // same instant: they expire together
+    entries_.back().total += cost;
+    return;
+  }
+  // Drop the expired prefix once it is the larger part, keeping memory within about 2 × live.
+  if (head_ >= 32 && head_ * 2 >= entries_.size()) {
+    entries_.erase(entries_.begin(), entries_.begin() + static_cast<std::ptrdiff_t>(head_));
     head_ = 0;
   }
-  times_.insert(times_.end(), static_cast<std::size_t>(cost), now);
+  const std::int64_t before = size() > 0 ? entries_.back().total : base_;
+  entries_.push_back({now, before + cost});
 }
 
 std::int64_t sliding_window_log_state::idle_at(const window_params& p) const noexcept {
-  return size() == 0 ? saturating::min : saturating::add(times_.back(), p.window_ns);
+  return size() == 0 ? saturating::min : saturating::add(entries_.back().time, p.window_ns);
 }
 
 // --- shared by the counters -------------------------------------------------------------------------

@@ -203,6 +203,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
         strand_(asio::make_strand(io)),
         deadline_timer_(strand_),
         probe_timer_(strand_),
+        oom_probe_timer_(strand_),
         connect_timer_(strand_),
         local_(std::move(local)),
         log_(o.error_log_interval) {}
@@ -262,7 +263,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
   }
 
-  bool ready() const { return ready_.load(std::memory_order_relaxed); }
+  // Connected, and not refusing scripts for want of memory.
+  bool ready() const { return ready_.load(std::memory_order_relaxed) && !out_of_memory_.load(std::memory_order_relaxed); }
 
   redis_backend_stats stats() const {
     redis_backend_stats s;
@@ -300,7 +302,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     o.limit = r.limit.capacity();
     o.script = o.dual ? redis_detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
                       : redis_detail::single_script(r.limit.algorithm);
-    c += o.dual ? "*13\r\n" : "*9\r\n";
+    c += o.dual ? "*14\r\n" : "*10\r\n";
     o.header = c.size();
     bulk(c, "EVALSHA");
     bulk(c, all[o.script].sha1);
@@ -321,6 +323,37 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       bulk(c, o.req.cost);
       append_params(c, r.limit);
     }
+    bulk(c, server_deadline_us());
+  }
+
+  // The latest server time (µs) at which this check may still be applied: our own deadline (from
+  // now: the op's deadline, set later in submit(), is no earlier) moved to the server's clock by
+  // the lower bound of its offset. A call Redis runs later records nothing (see scripts.cpp). -1
+  // while no offset is known yet, and with a test clock (its `now` is passed in instead).
+  std::int64_t server_deadline_us() const {
+    const std::int64_t offset = server_offset_us_.load(std::memory_order_relaxed);
+    if (options_.clock_for_test || offset == no_offset) return -1;
+    return local_us() + std::chrono::duration_cast<std::chrono::microseconds>(options_.command_timeout).count() + offset;
+  }
+
+  static std::int64_t local_us() {
+    return std::chrono::duration_cast<std::chrono::microseconds>(steady::now().time_since_epoch()).count();
+  }
+
+  // A server time (µs) read by a script or TIME that has just replied: it was read no later than
+  // now, so server − now bounds the offset from below. The bound kept is the largest of the last
+  // one to two seconds (the tightest, yet following a server clock that is stepped back).
+  void observe_server_time(std::int64_t server_us) {
+    const std::int64_t now = local_us();
+    const std::int64_t sample = server_us - now;
+    if (now - offset_epoch_start_us_ > 1'000'000) {
+      offset_previous_max_ = offset_current_max_;
+      offset_current_max_ = sample;
+      offset_epoch_start_us_ = now;
+    } else {
+      offset_current_max_ = std::max(offset_current_max_, sample);
+    }
+    server_offset_us_.store(std::max(offset_previous_max_, offset_current_max_), std::memory_order_relaxed);
   }
 
   // --- on the strand ----------------------------------------------------------------------------
@@ -387,7 +420,15 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
         return;
       }
       consecutive_failures_ = 0;  // Redis answered: the connection is healthy
+      if (msg.starts_with("OOM")) set_out_of_memory(true);
       fail(o, errc::backend_protocol, "Redis error: " + std::string(msg.substr(0, 200)));
+      return;
+    }
+    consecutive_failures_ = 0;
+    set_out_of_memory(false);
+    if (std::int64_t t = reply_time(*reply); t >= 0) observe_server_time(t);
+    if (is_expired_reply(*reply)) {
+      fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
       return;
     }
     auto d = parse(*o, *reply);
@@ -395,10 +436,22 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       fail(o, errc::backend_protocol, d.error().message);
       return;
     }
-    consecutive_failures_ = 0;
     redis_decisions_.fetch_add(1, std::memory_order_relaxed);
     complete(o, std::move(d));
     trim_inflight();
+  }
+
+  // The server time every script reply ends with, or -1.
+  static std::int64_t reply_time(const redisReply& r) {
+    if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return -1;
+    const redisReply* last = r.element[r.elements - 1];
+    return last->type == REDIS_REPLY_INTEGER && last->integer >= 0 ? last->integer : -1;
+  }
+
+  // {-1, now}: the script found its deadline passed and did nothing.
+  static bool is_expired_reply(const redisReply& r) {
+    return r.type == REDIS_REPLY_ARRAY && r.elements == 2 && r.element[0]->type == REDIS_REPLY_INTEGER &&
+           r.element[0]->integer == -1;
   }
 
   static bool integers(const redisReply& r, std::size_t n, long long* out) {
@@ -422,15 +475,16 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   }
 
   static result<decision> parse(const op& o, const redisReply& r) {
+    // Each reply ends with the server time (read by handle_reply).
     if (!o.dual) {
-      long long v[4];
-      if (!integers(r, 4, v) || (v[0] != 0 && v[0] != 1)) {
+      long long v[5];
+      if (!integers(r, 5, v) || (v[0] != 0 && v[0] != 1)) {
         return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
       }
       return layer_decision(v, o.limit);
     }
-    long long v[8];
-    if (!integers(r, 8, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
+    long long v[9];
+    if (!integers(r, 9, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
       return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
     }
     // The same combination as in process.
@@ -598,6 +652,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       const std::size_t lens[] = {6, 4, s.body.size()};
       redisAsyncCommandArgv(ac, &redis_core::on_handshake, const_cast<char*>("SCRIPT LOAD"), 3, argv, lens);
     }
+    redisAsyncCommand(ac, &redis_core::on_time, nullptr, "TIME");  // the first clock offset
     redisAsyncCommand(ac, &redis_core::on_handshake, const_cast<char*>("PING"), "PING");
     // Checks that waited for the host name to resolve go right behind the handshake.
     auto waiting = std::move(unsent_);
@@ -625,6 +680,50 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     if (ac != self->ac_) return;  // we dropped it ourselves
     self->ac_ = nullptr;
     self->lost("connection to " + self->address() + " lost" + (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
+  }
+
+  static void on_time(redisAsyncContext* ac, void* reply_ptr, void*) {
+    auto* self = static_cast<redis_core*>(ac->data);
+    auto* r = static_cast<redisReply*>(reply_ptr);
+    if (r == nullptr || ac != self->ac_ || r->type != REDIS_REPLY_ARRAY || r->elements != 2) return;
+    long long sec = 0, usec = 0;
+    const redisReply* a = r->element[0];
+    const redisReply* b = r->element[1];
+    if (a->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING) return;
+    auto [p1, e1] = std::from_chars(a->str, a->str + a->len, sec);
+    auto [p2, e2] = std::from_chars(b->str, b->str + b->len, usec);
+    if (e1 != std::errc() || e2 != std::errc() || sec < 0 || sec > (1LL << 40) || usec < 0) return;
+    self->observe_server_time(sec * 1'000'000 + usec);
+  }
+
+  // While Redis refuses scripts for want of memory (OOM), readiness is false, and a probe that is
+  // refused the same way (a script that declares writes but makes none) checks every
+  // breaker_probe_interval whether memory is back, so readiness returns even with no checks coming.
+  void set_out_of_memory(bool oom) {
+    if (out_of_memory_.exchange(oom, std::memory_order_relaxed) == oom) return;
+    if (oom) {
+      log_.report("Redis is out of memory (maxmemory): scripts refused, /readyz reports not ready");
+      schedule_oom_probe();
+    }
+  }
+
+  void schedule_oom_probe() {
+    if (stopping_) return;
+    oom_probe_timer_.expires_after(options_.breaker_probe_interval);
+    oom_probe_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+      if (ec || self->stopping_ || !self->out_of_memory_.load(std::memory_order_relaxed)) return;
+      if (self->ac_ != nullptr) {
+        redisAsyncCommand(self->ac_, &redis_core::on_oom_probe, nullptr, "EVAL %s 0", "#!lua\nreturn 1");
+      }
+      self->schedule_oom_probe();
+    }));
+  }
+
+  static void on_oom_probe(redisAsyncContext* ac, void* reply_ptr, void*) {
+    auto* self = static_cast<redis_core*>(ac->data);
+    auto* r = static_cast<redisReply*>(reply_ptr);
+    if (r == nullptr || ac != self->ac_) return;
+    if (r->type != REDIS_REPLY_ERROR) self->set_out_of_memory(false);
   }
 
   static void on_handshake(redisAsyncContext* ac, void* reply_ptr, void* privdata) {
@@ -714,6 +813,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     stopping_ = true;
     deadline_timer_.cancel();
     probe_timer_.cancel();
+    oom_probe_timer_.cancel();
     connect_timer_.cancel();
     redisAsyncContext* ac = ac_;
     ac_ = nullptr;
@@ -733,6 +833,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   strand_type strand_;
   asio::steady_timer deadline_timer_;
   asio::steady_timer probe_timer_;
+  asio::steady_timer oom_probe_timer_;
   asio::steady_timer connect_timer_;
   std::unique_ptr<memory_backend> local_;
   error_log log_;
@@ -747,11 +848,17 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   bool probe_armed_ = false;
   bool stopping_ = false;
   int consecutive_failures_ = 0;
+  std::int64_t offset_epoch_start_us_ = 0;  // observe_server_time's two epochs
+  std::int64_t offset_current_max_ = std::numeric_limits<std::int64_t>::min();
+  std::int64_t offset_previous_max_ = std::numeric_limits<std::int64_t>::min();
   std::deque<op_ptr> inflight_;  // sent (or waiting in unsent_), in deadline order
   std::vector<op_ptr> unsent_;    // waiting for the host name to resolve
 
   // Any thread.
+  static constexpr std::int64_t no_offset = std::numeric_limits<std::int64_t>::min();
   std::atomic<bool> ready_{false};
+  std::atomic<bool> out_of_memory_{false};
+  std::atomic<std::int64_t> server_offset_us_{no_offset};  // server µs − local steady µs, lower bound
   std::atomic<bool> circuit_open_flag_{false};
   std::atomic<std::uint64_t> pending_{0};
   std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},

@@ -6,12 +6,21 @@
 namespace sluice::redis_detail {
 namespace {
 
-// Shared by every script: `now` (µs, from TIME unless a test passes it) and the cost.
-// Redis 7 replicates script effects, so reading TIME before writing is allowed.
-constexpr std::string_view prelude = R"lua(local now = tonumber(ARGV[1])
+// Shared by every script: `now` (µs, from TIME unless a test passes it), the cost and the deadline.
+// The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
+// over maxmemory (OOM), so no script grows memory past the limit. Scripts replicate their effects,
+// so reading TIME before writing is allowed. A call that reaches Redis after its deadline (server
+// time, µs; -1 for none) answers {-1, now} and records nothing: its caller gave up on it already.
+// Every reply ends with `now`, from which the caller keeps its estimate of the server's clock.
+constexpr std::string_view prelude = R"lua(#!lua
+local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local deadline = tonumber(ARGV[#ARGV])
+if deadline >= 0 and now > deadline then
+  return {-1, now}
 end
 local cost = tonumber(ARGV[2])
 )lua";
@@ -61,27 +70,66 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
   return 0, math.max(0, math.floor((tolerance - debt) / interval)), math.ceil((new_debt - tolerance) / 1000), math.ceil(debt / 1000)
 )lua"};
 
-// Sliding window log on a ZSET of admission times: at most `limit` in (now - W, now]. Members are
-// "now.n" with n the count at admission (ZADD NX retried with n + 1 on the rare clash), so two
-// admissions in the same microsecond never collapse. The key expires W after its newest entry.
+// Sliding window log on a ZSET with one entry per admission, whatever its cost (as in process,
+// window_states.hpp): the score is the running total of units through the entry, the member
+// "time:start" (µs; start = total − cost, which also makes members unique). Times ascend with the
+// scores, so the expired entries are a prefix, removed by rank; the live units are the newest
+// total minus the oldest live start; the unit a refused check waits for is found by score. Every
+// call is O(log n) plus the entries it expires (each once): O(1) in the cost. Admissions in one µs
+// share an entry. Time never goes back: `at` is now, or the newest entry's time if later. Totals
+// restart whenever the key empties and are rebased past 2^50, so they stay exact in Lua's doubles.
+// The key expires W after its newest entry.
 constexpr algorithm_lua sliding_window_log_lua{"sliding_window_log", "limit, window, _", R"lua(
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  local count = redis.call('ZCARD', key)
-  if count + cost <= limit then
+  local at, last_time, last_total = now, nil, 0
+  local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if newest[1] then
+    local t = string.match(newest[1], '^(%d+):%d+$')
+    if t then
+      last_time, last_total = tonumber(t), tonumber(newest[2])
+      if at < last_time then at = last_time end
+    else
+      redis.call('DEL', key)
+    end
+  end
+  local cutoff, expired, base = at - window, 0, nil
+  while last_time and not base do
+    local batch = redis.call('ZRANGE', key, expired, expired + 15)
+    for i = 1, #batch do
+      local t, st = string.match(batch[i], '^(%d+):(%d+)$')
+      if t and tonumber(t) > cutoff then
+        base = tonumber(st)
+        break
+      end
+      expired = expired + 1
+    end
+    if #batch < 16 then break end
+  end
+  if expired > 0 then redis.call('ZREMRANGEBYRANK', key, 0, expired - 1) end
+  if not base then last_total, base = 0, 0 end
+  if base > 1125899906842624 then
+    local all = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    redis.call('DEL', key)
+    for i = 1, #all, 2 do
+      local t, st = string.match(all[i], '^(%d+):(%d+)$')
+      redis.call('ZADD', key, tonumber(all[i + 1]) - base, string.format('%d:%d', t, tonumber(st) - base))
+    end
+    last_total, base = last_total - base, 0
+  end
+  local live = last_total - base
+  if cost <= limit - live then
     if commit then
-      local n = count
-      for _ = 1, cost do
-        while redis.call('ZADD', key, 'NX', now, string.format('%d.%d', now, n)) == 0 do n = n + 1 end
-        n = n + 1
+      if live > 0 and last_time == at then
+        redis.call('ZINCRBY', key, cost, newest[1])
+      else
+        redis.call('ZADD', key, last_total + cost, string.format('%d:%d', at, last_total))
       end
       redis.call('PEXPIRE', key, math.ceil(window / 1000))
     end
-    return 1, limit - count - cost, 0, window
+    return 1, limit - live - cost, 0, window
   end
-  local i = count + cost - limit - 1
-  local first = redis.call('ZRANGE', key, i, i, 'WITHSCORES')
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  return 0, math.max(0, limit - count), math.ceil(tonumber(first[2]) + window - now), math.ceil(tonumber(last[2]) + window - now)
+  local holder = redis.call('ZRANGEBYSCORE', key, base + cost - (limit - live), '+inf', 'LIMIT', 0, 1)
+  local t = tonumber(string.match(holder[1], '^(%d+):'))
+  return 0, math.max(0, limit - live), math.ceil(t + window - at), math.ceil(last_time + window - at)
 )lua"};
 
 // Sliding window counter: one string "index current previous" for windows aligned to multiples of
@@ -151,14 +199,14 @@ local ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, false)
 if ta == 0 then
   local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, false)
   if ua == 1 then ur = ur + cost end
-  return {0, tr, tw, tz, ua, ur, uw, uz}
+  return {0, tr, tw, tz, ua, ur, uw, uz, now}
 end
 local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, true)
 if ua == 0 then
-  return {1, tr + cost, tw, tz, 0, ur, uw, uz}
+  return {1, tr + cost, tw, tz, 0, ur, uw, uz, now}
 end
 ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, true)
-return {1, tr, tw, tz, 1, ur, uw, uz}
+return {1, tr, tw, tz, 1, ur, uw, uz, now}
 )lua";
 
 constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,
@@ -176,7 +224,7 @@ std::string as_function(const algorithm_lua& a) {
 }
 
 // The body at top level: parameters from KEYS/ARGV, and each one-line `return a, b, c, d` turned
-// into `return {a, b, c, d}`.
+// into `return {a, b, c, d, now}`.
 std::string single(const algorithm_lua& a) {
   std::string body(prelude);
   body += "local key, commit = KEYS[1], true\nlocal ";
@@ -194,7 +242,7 @@ std::string single(const algorithm_lua& a) {
       body.append(line.substr(0, at));
       body += "return {";
       body += values;
-      body += "}\n";
+      body += ", now}\n";
     } else {
       body += line;
     }

@@ -208,11 +208,39 @@ TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
   rule r{.name = "burst", .limit = sliding_window_policy(10, 1min)};
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 2})).allowed);
   const std::string key = redis_detail::single_key("sluice:", "burst", "k", algorithm::sliding_window_log);
-  EXPECT_EQ(redis_->integer({"ZCARD", key}), 8);
+  EXPECT_EQ(redis_->log_units(key), 8);
+  EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);  // one instant: one entry
   decision d = expect_decision(b->check({.rule = &r, .key = "k", .cost = 3}));
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.remaining, 2);
-  EXPECT_EQ(redis_->integer({"ZCARD", key}), 8);  // refused: not recorded
+  EXPECT_EQ(redis_->log_units(key), 8);  // refused: not recorded
+}
+
+// One entry per admission, whatever its cost: a client choosing its cost cannot make one check
+// hold Redis for O(cost) work, nor its memory grow with the cost.
+TEST_F(RedisBackendTest, SlidingWindowLogWorkAndMemoryAreIndependentOfCost) {
+  auto b = make();
+  rule r{.name = "huge", .limit = sliding_window_policy(1'000'000, 1h)};
+  const std::string key = redis_detail::single_key("sluice:", "huge", "k", algorithm::sliding_window_log);
+  redis_->command({"CONFIG", "RESETSTAT"});
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
+  EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
+  for (int i = 0; i < 20; ++i) {
+    clock_.advance(1ms);
+    decision refused = expect_decision(b->check({.rule = &r, .key = "k", .cost = 999'999}));
+    ASSERT_FALSE(refused.allowed);
+    EXPECT_EQ(refused.retry_after, 1h - (i + 1) * 1ms);
+  }
+  // The commands the scripts ran: one write for the admission, none per unit (the old log did a
+  // ZADD per unit: a million here).
+  auto reply = redis_->command({"INFO", "commandstats"});
+  std::string text(reply->str, reply->len);
+  auto at = text.find("cmdstat_zadd:calls=");
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_EQ(std::stoll(text.substr(at + 19)), 1);
+  clock_.advance(1h);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
+  EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
 }
 
 TEST_F(RedisBackendTest, FixedWindowCountsPerAlignedWindow) {
@@ -269,7 +297,7 @@ TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
   EXPECT_FALSE(user_refused.allowed);
   EXPECT_EQ(user_refused.rejected_by, layer::user);
   EXPECT_EQ(user_refused.tenant.remaining, 1);  // the tenant's last unit is untouched
-  EXPECT_EQ(redis_->integer({"ZCARD", tenant_key}), 2);
+  EXPECT_EQ(redis_->log_units(tenant_key), 2);
 
   decision bob = check("bob");
   EXPECT_TRUE(bob.allowed);
@@ -280,8 +308,8 @@ TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
   EXPECT_FALSE(tenant_refused.allowed);
   EXPECT_EQ(tenant_refused.rejected_by, layer::tenant);
   EXPECT_EQ(tenant_refused.user.remaining, 1);  // bob's quota is untouched
-  EXPECT_EQ(redis_->integer({"ZCARD", bob_key}), 1);
-  EXPECT_EQ(redis_->integer({"ZCARD", alice_key}), 2);
+  EXPECT_EQ(redis_->log_units(bob_key), 1);
+  EXPECT_EQ(redis_->log_units(alice_key), 2);
   // Both keys of a tenant share one hash tag, hence one Cluster slot.
   EXPECT_EQ(hash_tag(tenant_key), hash_tag(bob_key));
   EXPECT_EQ(hash_tag(tenant_key), "acme");

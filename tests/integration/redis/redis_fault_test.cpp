@@ -137,6 +137,83 @@ TEST(RedisFaultTest, DebugSleepTakesTheTimeoutPathThenTheBreakerFailsFast) {
   EXPECT_TRUE(time_until_redis_decides(backend, 3s).has_value());
 }
 
+// Checks sent while Redis stalls were answered by on_error; when Redis wakes up their scripts run
+// past their deadline and must record nothing (with on_error = deny, applying them would lock the
+// key out for a whole window on top of the refusals already given).
+TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
+  redis_server redis;
+  redis_options o = fast_options(redis);
+  o.on_error = failure_policy::deny;
+  o.breaker_failure_threshold = 1000;  // keep the connection: the late scripts do reach Redis
+  auto b = make_redis_backend(o);
+  ASSERT_TRUE(b.ok());
+  auto& backend = **b;
+  ASSERT_TRUE(time_until_redis_decides(backend, 5s).has_value());
+  const rule rules[] = {
+      {.name = "tb", .limit = token_bucket_policy(per_second(0.001), 3)},
+      {.name = "swl", .limit = sliding_window_policy(3, 1min)},
+      {.name = "swc", .limit = sliding_window_counter_policy(3, 1min)},
+      {.name = "fw", .limit = fixed_window_policy(3, 1h)},
+      {.name = "dual", .limit = sliding_window_policy(3, 1min), .tenant = fixed_window_policy(3, 1h)},
+  };
+  auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "1"}); });
+  std::this_thread::sleep_for(100ms);  // let the server fall asleep
+  for (const rule& r : rules) {
+    for (int i = 0; i < 3; ++i) {
+      auto d = backend.check({.rule = &r, .key = "victim", .tenant = "t", .user = "victim"});
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->source, decision_source::fail_closed) << r.name;
+      EXPECT_FALSE(d->allowed);
+    }
+  }
+  sleeper.get();
+  // The late scripts have run by the time a new check on the same connection is answered.
+  for (const rule& r : rules) {
+    auto d = backend.check({.rule = &r, .key = "victim", .tenant = "t", .user = "victim"});
+    ASSERT_TRUE(d.ok());
+    EXPECT_EQ(d->source, decision_source::limiter) << r.name;
+    EXPECT_TRUE(d->allowed) << r.name << ": a timed-out check was applied late";
+    EXPECT_EQ(d->remaining, 2) << r.name;
+  }
+}
+
+// Over maxmemory every script is refused whole (none writes a byte), readiness goes false, and it
+// comes back by itself once memory is free, with no check needed to find out.
+TEST(RedisFaultTest, OutOfMemoryRefusesEveryScriptAndReadinessFollows) {
+  redis_server redis;
+  auto b = make_redis_backend(fast_options(redis));
+  ASSERT_TRUE(b.ok());
+  auto& backend = **b;
+  ASSERT_TRUE(time_until_redis_decides(backend, 5s).has_value());
+  ASSERT_TRUE(backend.ready());
+  redis.command({"FLUSHALL"});
+  redis.command({"SET", "filler", std::string(4 << 20, 'x')});
+  redis.command({"CONFIG", "SET", "maxmemory", "2mb"});
+  const rule rules[] = {
+      {.name = "tb", .limit = token_bucket_policy(per_second(1), 10)},
+      {.name = "swl", .limit = sliding_window_policy(10, 1min)},
+      {.name = "swc", .limit = sliding_window_counter_policy(10, 1min)},
+      {.name = "fw", .limit = fixed_window_policy(10, 1h)},
+      {.name = "dual", .limit = sliding_window_policy(10, 1min), .tenant = sliding_window_policy(100, 1min)},
+  };
+  for (int i = 0; i < 50; ++i) {
+    for (const rule& r : rules) {
+      auto d = backend.check({.rule = &r, .key = "k" + std::to_string(i), .tenant = "t", .user = std::to_string(i)});
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->source, decision_source::fail_open) << r.name;
+    }
+  }
+  EXPECT_EQ(redis.integer({"DBSIZE"}), 1) << "no script wrote past maxmemory";
+  EXPECT_FALSE(backend.ready());
+  redis.command({"CONFIG", "SET", "maxmemory", "0"});
+  const auto start = steady::now();
+  while (!backend.ready() && steady::now() - start < 5s) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(backend.ready()) << "readiness returns once Redis has memory again";
+  auto d = backend.check({.rule = &rules[1], .key = "after"});
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->source, decision_source::limiter);
+}
+
 TEST(RedisFaultTest, OnErrorDenyAndLocal) {
   redis_server redis;
   const std::string address = redis.address();

@@ -126,6 +126,17 @@ class redis_server {
   }
 
   /// All keys (SCAN; the test databases are small).
+  /// Units recorded by a sliding-window-log key: its newest entry's running total minus its oldest
+  /// entry's start (scripts.cpp: score = total, member = "time:start"); 0 for no key.
+  long long log_units(const std::string& key) {
+    reply_ptr oldest = command({"ZRANGE", key, "0", "0"});
+    reply_ptr newest = command({"ZRANGE", key, "-1", "-1", "WITHSCORES"});
+    if (oldest->type != REDIS_REPLY_ARRAY || oldest->elements == 0 || newest->elements != 2) return 0;
+    std::string member(oldest->element[0]->str, oldest->element[0]->len);
+    long long start = std::stoll(member.substr(member.find(':') + 1));
+    return std::stoll(std::string(newest->element[1]->str, newest->element[1]->len)) - start;
+  }
+
   std::vector<std::string> keys() {
     std::vector<std::string> out;
     std::string cursor = "0";

@@ -170,6 +170,12 @@ class RedisServer:
         except OSError:
             return False
 
+    def cli(self, *args, last_arg=None):
+        """Runs one command through redis-cli (`last_arg` goes through stdin: it may be large)."""
+        extra = ["-x"] if last_arg is not None else []
+        return subprocess.run(["redis-cli", "-p", str(self.port), *extra, *args], input=last_arg,
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+
     def kill(self):
         if self.proc and self.proc.poll() is None:
             self.proc.kill()

@@ -119,6 +119,24 @@ class SharedLimit(unittest.TestCase):
         self.assertEqual(a.check(rule="bucket", key="k", cost=0).status, 400)
 
 
+class RedisOutOfMemory(unittest.TestCase):
+    def test_readyz_follows_redis_memory(self):
+        redis = RedisServer()
+        self.addCleanup(redis.close)
+        s = Sluiced(redis_config(redis.port))
+        self.addCleanup(s.close)
+        self.assertEqual(s.request("GET", "/readyz").status, 200)
+        redis.cli("SET", "filler", last_arg="x" * (3 << 20))
+        redis.cli("CONFIG", "SET", "maxmemory", "1mb")
+        for i in range(20):
+            r = s.check(rule="shared", key="k%d" % i)
+            self.assertEqual(r.json().get("source"), "fail_open", "Redis refuses the script: on_error decides")
+        self.assertEqual(redis.cli("DBSIZE"), "1", "no script wrote past maxmemory")
+        self.assertEqual(s.request("GET", "/readyz").status, 503)
+        redis.cli("CONFIG", "SET", "maxmemory", "0")
+        wait_for(lambda: s.request("GET", "/readyz").status == 200, timeout=5, what="readiness to return")
+
+
 class RedisFailure(unittest.TestCase):
     def test_on_error_policies_readiness_and_recovery(self):
         redis = RedisServer()

@@ -1,4 +1,6 @@
 #include "sluice/window_limiter.hpp"
+#include "sluice/limiter_state.hpp"
+#include "sluice/window_states.hpp"
 
 #include <gtest/gtest.h>
 
@@ -110,6 +112,72 @@ TEST(SlidingWindowLog, NeverMoreThanLimitInAnyWindowRandomised) {
     // The log admits exactly when the brute-force count has room.
     ASSERT_EQ(allowed, static_cast<std::int64_t>(admitted.size()) < limit) << "at step " << i;
     if (allowed) admitted.push_back(now);
+  }
+}
+
+// The log's state against a reference that keeps one timestamp per admitted unit (the textbook
+// log): every field of every decision agrees, for random costs, while the state holds one entry
+// per admission and never more than `limit` entries.
+TEST(SlidingWindowLogState, OneEntryPerAdmissionDecidesAsOnePerUnit) {
+  const window_params p{.limit = 50, .window_ns = 1'000'000'000};
+  sliding_window_log_state log;
+  std::deque<std::int64_t> units;  // reference: one timestamp per unit
+  std::mt19937_64 rng(7);
+  std::int64_t now = 1'000'000'000'000;
+  std::size_t admissions_live_max = 0;
+  for (int i = 0; i < 20'000; ++i) {
+    now += static_cast<std::int64_t>(rng() % 40'000'000);
+    const std::int64_t cost = 1 + static_cast<std::int64_t>(rng() % 12);
+    while (!units.empty() && units.front() <= now - p.window_ns) units.pop_front();
+    const auto live = static_cast<std::int64_t>(units.size());
+    decision want;
+    want.limit = p.limit;
+    if (live + cost <= p.limit) {
+      want.allowed = true;
+      want.remaining = p.limit - live - cost;
+      want.reset_after = nanoseconds(p.window_ns);
+    } else {
+      want.remaining = p.limit - live;
+      want.retry_after = nanoseconds(units[static_cast<std::size_t>(live + cost - p.limit - 1)] + p.window_ns - now);
+      want.reset_after = nanoseconds(units.back() + p.window_ns - now);
+    }
+    const decision got = log.evaluate(p, now, cost);
+    ASSERT_EQ(got.allowed, want.allowed) << "step " << i;
+    ASSERT_EQ(got.remaining, want.remaining) << "step " << i;
+    ASSERT_EQ(got.retry_after, want.retry_after) << "step " << i;
+    ASSERT_EQ(got.reset_after, want.reset_after) << "step " << i;
+    if (got.allowed) {
+      log.commit(p, now, cost);
+      units.insert(units.end(), static_cast<std::size_t>(cost), now);
+    }
+    ASSERT_LE(log.size(), static_cast<std::size_t>(p.limit));
+    admissions_live_max = std::max(admissions_live_max, log.size());
+  }
+  EXPECT_LT(admissions_live_max, static_cast<std::size_t>(p.limit) / 2) << "entries are per admission, not per unit";
+}
+
+// Memory follows admissions, not units: a cost of 10,000 is one entry, as is a burst at one instant.
+TEST(SlidingWindowLogState, MemoryIsPerAdmission) {
+  const window_params p{.limit = 1'000'000, .window_ns = 60'000'000'000};
+  sliding_window_log_state log;
+  ASSERT_TRUE(check_and_commit(log, p, 1, 10'000).allowed);
+  EXPECT_EQ(log.size(), 1u);
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(check_and_commit(log, p, 2, 100).allowed);
+  EXPECT_EQ(log.size(), 2u) << "admissions at one instant share an entry";
+  for (int i = 0; i < 100; ++i) ASSERT_TRUE(check_and_commit(log, p, 3 + i, 100).allowed);
+  EXPECT_EQ(log.size(), 102u);
+  EXPECT_LE(log.memory_bytes(), 256 * 16u);
+  EXPECT_EQ(log.evaluate(p, 200, 1).remaining, 1'000'000 - 10'000 - 100 * 100 - 100 * 100 - 1);
+}
+
+// Limits near 2^63 with continuous traffic: the running totals are rebased, never overflow (UBSan).
+TEST(SlidingWindowLogState, HugeLimitsNeverOverflow) {
+  const std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  const window_params p{.limit = max, .window_ns = 10};
+  sliding_window_log_state log;
+  for (std::int64_t t = 0; t < 200; t += 3) {
+    const decision d = check_and_commit(log, p, t, max / 4);
+    ASSERT_TRUE(d.allowed || d.retry_after > nanoseconds::zero());
   }
 }
 
