@@ -245,9 +245,8 @@ class Connections(HostileTest):
 
 
 class KeyFloods(HostileTest):
-    FLOOD = """[server]
+    CAPPED = """[server]
 threads = 2
-sweep_interval_ms = 200
 
 [backend]
 max_keys_per_rule = 1000
@@ -257,7 +256,8 @@ name = "window"
 algorithm = "sliding_window"
 limit = 100
 window = "60s"
-
+"""
+    FLOOD = CAPPED.replace("threads = 2", "threads = 2\nsweep_interval_ms = 200") + """
 [[rules]]
 name = "closed"
 algorithm = "sliding_window"
@@ -287,7 +287,7 @@ burst = 1
         return int(m.group(1)) if m else None
 
     def test_a_user_at_the_limit_is_not_forgiven_by_a_key_flood(self):
-        s = self.start(self.FLOOD)
+        s = self.start(self.CAPPED)
         self.assertEqual(s.check(rule="window", key="user", cost=100).status, 200)
         self.assertEqual(s.check(rule="window", key="user").status, 429)
         self.flood(s, "window", 5000)
