@@ -441,11 +441,12 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     trim_inflight();
   }
 
-  // The server time every script reply ends with, or -1.
+  // The server time every script reply ends with (µs, within the 2^53 the scripts compute in), or -1.
   static std::int64_t reply_time(const redisReply& r) {
     if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return -1;
     const redisReply* last = r.element[r.elements - 1];
-    return last->type == REDIS_REPLY_INTEGER && last->integer >= 0 ? last->integer : -1;
+    const bool valid = last->type == REDIS_REPLY_INTEGER && last->integer >= 0 && last->integer < (1LL << 53);
+    return valid ? last->integer : -1;
   }
 
   // {-1, now}: the script found its deadline passed and did nothing.
@@ -700,7 +701,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   // refused the same way (a script that declares writes but makes none) checks every
   // breaker_probe_interval whether memory is back, so readiness returns even with no checks coming.
   void set_out_of_memory(bool oom) {
-    if (out_of_memory_.exchange(oom, std::memory_order_relaxed) == oom) return;
+    if (out_of_memory_.load(std::memory_order_relaxed) == oom) return;  // the common case: a plain load
+    out_of_memory_.store(oom, std::memory_order_relaxed);
     if (oom) {
       log_.report("Redis is out of memory (maxmemory): scripts refused, /readyz reports not ready");
       schedule_oom_probe();

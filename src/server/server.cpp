@@ -207,9 +207,10 @@ class session;
 // One io thread: its io_context, the connections it owns and their idle sweeper. Everything here is
 // touched only from that thread.
 struct worker {
-  net::io_context io{1};
-  // Connections accepted for this worker whose session has not ended yet.
+  // Connections accepted for this worker whose session has not ended yet. Declared before `io`:
+  // sessions still held by its handlers decrement it as the io_context is destroyed.
   std::size_t open = 0;
+  net::io_context io{1};
   net::steady_timer sweep_timer{io};
   std::vector<std::weak_ptr<session>> sessions;
   // This thread's reference to the current config, with its own reference count (see
@@ -243,8 +244,7 @@ class session : public std::enable_shared_from_this<session> {
     do_read();
   }
 
-  // SIGTERM: a connection waiting between requests closes now, unless the next request has
-  // already arrived (bytes read or waiting in the socket): that one is still answered.
+  // SIGTERM: see the definition.
   void drain();
 
   bool waiting() const { return waiting_; }
@@ -651,8 +651,10 @@ class service {
     drain_timer_.async_wait([this](beast::error_code) { poll_drain(); });
   }
 
-  // Declared first, destroyed last: an accept pending on ioc_ holds a socket of a worker's
-  // io_context, so every worker io_context must outlive ioc_.
+  // Before workers_: sessions destroyed with a worker's io_context still count themselves out.
+  std::atomic<int> in_flight_{0};
+  // Declared first (but for the above), destroyed last: an accept pending on ioc_ holds a socket of
+  // a worker's io_context, so every worker io_context must outlive ioc_.
   std::vector<std::unique_ptr<worker>> workers_;
   std::vector<net::executor_work_guard<executor>> guards_;
   std::string config_path_;
@@ -679,7 +681,6 @@ class service {
   throttled_log handler_exceptions_{std::chrono::seconds(10)};
   rejection_log rejections_;
   std::atomic<bool> draining_{false};
-  std::atomic<int> in_flight_{0};
   std::atomic<int> workers_to_drain_{0};
   steady::time_point drain_deadline_;
   std::size_t next_ = 0;

@@ -89,6 +89,34 @@ TEST(KeyedLimiter, KeyFloodAtTheCapNeverExceedsIt) {
   EXPECT_LT(k->memory_bytes(), cap * 200);
 }
 
+// Under a flood of new keys at the cap, the entry dropped is the one using the least of its
+// capacity: a flood key, not the user at their limit (whose debt would be forgiven).
+TEST(KeyedLimiter, KeyFloodDoesNotForgiveAUserAtTheLimit) {
+  auto k = make(sliding_window_policy(100, 60s), 64);
+  ASSERT_TRUE(k->try_acquire("user", t0, 100)->allowed);
+  for (int i = 0; i < 5000; ++i) ASSERT_TRUE(k->try_acquire("flood:" + std::to_string(i), t0 + 1s)->allowed);
+  EXPECT_FALSE(k->try_acquire("user", t0 + 2s)->allowed) << "the user's 100 of 100 are remembered";
+  EXPECT_LE(k->size(), 64u);
+  const key_cap_stats s = k->stats();
+  EXPECT_GT(s.evicted_active, 4000u);
+  EXPECT_EQ(s.refused, 0u);
+}
+
+TEST(KeyedLimiter, WhenFullRefuseRefusesNewKeysUntilOneIsIdle) {
+  auto made = keyed_limiter::create({.policy = sliding_window_policy(1, 10s), .max_keys = 16, .when_full = when_full::refuse});
+  ASSERT_TRUE(made.ok());
+  auto& k = **made;
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(k.try_acquire("k" + std::to_string(i), t0)->allowed);
+  auto refused = k.try_acquire("new", t0 + 1s);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, errc::capacity_exhausted);
+  EXPECT_FALSE(k.try_acquire("k3", t0 + 1s)->allowed) << "known keys keep their state";
+  EXPECT_EQ(k.stats().refused, 1u);
+  // Once the window has passed the old entries are idle: dropping one forgets nothing.
+  EXPECT_TRUE(k.try_acquire("new", t0 + 11s)->allowed);
+  EXPECT_EQ(k.stats().evicted_active, 0u);
+}
+
 TEST(KeyedLimiter, DualLayerAcrossKeys) {
   auto tenants = make(sliding_window_policy(5, 60s));
   auto users = make(sliding_window_policy(3, 60s));
