@@ -71,64 +71,78 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
 )lua"};
 
 // Sliding window log on a ZSET with one entry per admission, whatever its cost (as in process,
-// window_states.hpp): the score is the running total of units through the entry, the member
-// "time:start" (µs; start = total − cost, which also makes members unique). Times ascend with the
-// scores, so the expired entries are a prefix, removed by rank; the live units are the newest
-// total minus the oldest live start; the unit a refused check waits for is found by score. Every
-// call is O(log n) plus the entries it expires (each once): O(1) in the cost. Admissions in one µs
-// share an entry. Time never goes back: `at` is now, or the newest entry's time if later. Totals
-// restart whenever the key empties and are rebased past 2^50, so they stay exact in Lua's doubles.
-// The key expires W after its newest entry.
+// window_states.hpp). The score is the running total of units through the entry; the member packs
+// four little-endian doubles (struct.pack '<dddd', far cheaper to read than text): time (µs), start
+// (total − cost, which also makes members unique), and the oldest live entry's time and start as
+// they stood when this one was added. Times ascend with the scores, so expired entries are a
+// prefix; the newest entry alone tells whether any has expired since it was added, so a check
+// reads one entry unless some have (each expired entry is read once, then removed by rank). Live
+// units = newest total − oldest live start; the unit a refused check waits for is found by score.
+// O(log n) a call and O(1) in the cost. Admissions in one µs share an entry; time never goes back
+// (`at` is now, or the newest entry's time if later). Totals restart when the key empties and are
+// rebased past 2^50, so they stay exact in doubles. The key expires W after its newest entry.
 constexpr algorithm_lua sliding_window_log_lua{"sliding_window_log", "limit, window, _", R"lua(
-  local at, last_time, last_total = now, nil, 0
+  local at, last_time, last_total, base = now, nil, 0, 0
+  local oldest_time, oldest_start
   local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   if newest[1] then
-    local t = string.match(newest[1], '^(%d+):%d+$')
-    if t then
-      last_time, last_total = tonumber(t), tonumber(newest[2])
+    if #newest[1] == 32 then
+      last_time, _, oldest_time, oldest_start = struct.unpack('<dddd', newest[1])
+      last_total = tonumber(newest[2])
       if at < last_time then at = last_time end
     else
       redis.call('DEL', key)
     end
   end
-  local cutoff, expired, base = at - window, 0, nil
-  while last_time and not base do
-    local batch = redis.call('ZRANGE', key, expired, expired + 15)
-    for i = 1, #batch do
-      local t, st = string.match(batch[i], '^(%d+):(%d+)$')
-      if t and tonumber(t) > cutoff then
-        base = tonumber(st)
-        break
+  local cutoff = at - window
+  if last_time and last_time <= cutoff then
+    redis.call('DEL', key)
+    last_time, last_total = nil, 0
+  elseif last_time and oldest_time <= cutoff then
+    local expired, step = 0, 1
+    oldest_time = nil
+    while not oldest_time do
+      local batch = redis.call('ZRANGE', key, expired, expired + step - 1)
+      for i = 1, #batch do
+        if #batch[i] == 32 then
+          local t, st = struct.unpack('<dd', batch[i])
+          if t > cutoff then
+            oldest_time, oldest_start = t, st
+            break
+          end
+        end
+        expired = expired + 1
       end
-      expired = expired + 1
+      step = 16
     end
-    if #batch < 16 then break end
+    if expired > 0 then redis.call('ZREMRANGEBYRANK', key, 0, expired - 1) end
   end
-  if expired > 0 then redis.call('ZREMRANGEBYRANK', key, 0, expired - 1) end
-  if not base then last_total, base = 0, 0 end
+  if last_time then base = oldest_start end
   if base > 1125899906842624 then
     local all = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
     redis.call('DEL', key)
     for i = 1, #all, 2 do
-      local t, st = string.match(all[i], '^(%d+):(%d+)$')
-      redis.call('ZADD', key, tonumber(all[i + 1]) - base, string.format('%d:%d', t, tonumber(st) - base))
+      local t, st, ot, os = struct.unpack('<dddd', all[i])
+      redis.call('ZADD', key, tonumber(all[i + 1]) - base, struct.pack('<dddd', t, st - base, ot, math.max(0, os - base)))
     end
-    last_total, base = last_total - base, 0
+    last_total, oldest_start, base = last_total - base, 0, 0
   end
   local live = last_total - base
   if cost <= limit - live then
     if commit then
       if live > 0 and last_time == at then
         redis.call('ZINCRBY', key, cost, newest[1])
+      elseif live > 0 then
+        redis.call('ZADD', key, last_total + cost, struct.pack('<dddd', at, last_total, oldest_time, oldest_start))
       else
-        redis.call('ZADD', key, last_total + cost, string.format('%d:%d', at, last_total))
+        redis.call('ZADD', key, cost, struct.pack('<dddd', at, 0, at, 0))
       end
       redis.call('PEXPIRE', key, math.ceil(window / 1000))
     end
     return 1, limit - live - cost, 0, window
   end
   local holder = redis.call('ZRANGEBYSCORE', key, base + cost - (limit - live), '+inf', 'LIMIT', 0, 1)
-  local t = tonumber(string.match(holder[1], '^(%d+):'))
+  local t = struct.unpack('<d', holder[1])
   return 0, math.max(0, limit - live), math.ceil(t + window - at), math.ceil(last_time + window - at)
 )lua"};
 

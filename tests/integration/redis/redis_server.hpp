@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <memory>
 #include <stdexcept>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -127,14 +128,15 @@ class redis_server {
 
   /// All keys (SCAN; the test databases are small).
   /// Units recorded by a sliding-window-log key: its newest entry's running total minus its oldest
-  /// entry's start (scripts.cpp: score = total, member = "time:start"); 0 for no key.
+  /// entry's start (scripts.cpp: score = total, member = doubles time, start, ...); 0 for no key.
   long long log_units(const std::string& key) {
     reply_ptr oldest = command({"ZRANGE", key, "0", "0"});
     reply_ptr newest = command({"ZRANGE", key, "-1", "-1", "WITHSCORES"});
     if (oldest->type != REDIS_REPLY_ARRAY || oldest->elements == 0 || newest->elements != 2) return 0;
-    std::string member(oldest->element[0]->str, oldest->element[0]->len);
-    long long start = std::stoll(member.substr(member.find(':') + 1));
-    return std::stoll(std::string(newest->element[1]->str, newest->element[1]->len)) - start;
+    if (oldest->element[0]->len != 32) return -1;
+    double start = 0;  // the member's second little-endian double (x86-64: native order)
+    std::memcpy(&start, oldest->element[0]->str + 8, sizeof start);
+    return std::stoll(std::string(newest->element[1]->str, newest->element[1]->len)) - static_cast<long long>(start);
   }
 
   std::vector<std::string> keys() {
