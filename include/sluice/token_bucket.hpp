@@ -103,22 +103,26 @@ class token_bucket {
   // That one compare-and-swap is the change's linearization point: a check that read the old word
   // fails its own CAS and follows the seal, so a TAT is never paired with the wrong parameters.
   // Blocks are reused round-robin; one is written only while no seal or current_ leads to it.
-  struct block {
+  struct alignas(64) block {  // what a check reads shares one cache line
     std::atomic<std::int64_t> word{gcra_state::empty_tat};
     std::atomic<std::int64_t> interval_ns{0};
     std::atomic<std::int64_t> burst{0};
     std::atomic<std::int64_t> tolerance_ns{0};
-    std::atomic<double> rate{0};
-    // Left by the change that made this block current:
-    std::atomic<std::uint64_t> epoch{0};                    // changes so far
-    std::atomic<std::int64_t> changed_at{saturating::min};  // when
-    std::atomic<double> held{0};                            // the tokens held then
+    // The latest evaluation time of a write (a change copies it on). Stored before the write's CAS
+    // and read after loading the word, so whoever sees a word also sees (at least) the time it was
+    // written at; two racing writers may leave the smaller, and then an operation is evaluated too
+    // early, which with TAT >= that time (see record_write) only makes it stricter.
+    std::atomic<std::int64_t> last{saturating::min};
     // x/time/rate's lastEvent, the moment of the latest reservation, is word - tolerance once this
     // block has admitted or reserved (`written`); until then the one carried over from before the
     // change, `last_event` (read and written under change_mutex_ only).
     std::atomic<bool> written{false};
+    std::atomic<std::uint64_t> epoch{0};  // changes so far
+    std::atomic<double> rate{0};
+    // Left by the change that made this block current:
+    std::atomic<std::int64_t> changed_at{saturating::min};  // when
+    std::atomic<double> held{0};                            // the tokens held then
     std::atomic<std::int64_t> last_event{saturating::min};
-
     gcra_params params() const noexcept;
     void set(const gcra_params& p, sluice::rate r) noexcept;
   };
@@ -138,8 +142,8 @@ class token_bucket {
   /// The current block and its word, following seals.
   view load() const noexcept;
   /// The time an operation at `now` is evaluated at: no earlier than the latest write.
-  std::int64_t evaluation_time(time_point now) const noexcept;
-  void record_write(std::int64_t t) noexcept;
+  static std::int64_t evaluation_time(const block& b, time_point now) noexcept;
+  static void record_write(block& b, std::int64_t t) noexcept;
   /// cancel() of a reservation made before the latest change of rate or burst.
   void cancel_across_change(const reservation& r, time_point now) noexcept;
   /// Reserves `cost` tokens unless they would be available only after `latest`.
@@ -147,11 +151,6 @@ class token_bucket {
   result<void> change(std::optional<sluice::rate> r, std::optional<std::int64_t> burst, time_point now);
 
   std::atomic<std::uint32_t> current_{0};  // the block to start from (a seal may lead further)
-  // The latest evaluation time of a write. Stored before the write's CAS and read after loading the
-  // word, so whoever sees a word also sees (at least) the time it was written at; two racing writers
-  // may leave the smaller, and then an operation is evaluated too early, which with TAT >= that
-  // time (see record_write) only makes it stricter.
-  std::atomic<std::int64_t> last_{saturating::min};
   mutable block blocks_[block_count];
   std::mutex change_mutex_;  // serialises changes
   sluice::clock* clock_;

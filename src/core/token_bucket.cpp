@@ -74,12 +74,12 @@ token_bucket::token_bucket(const options& o) : clock_(o.clock) {
   blocks_[0].held.store(static_cast<double>(o.burst), relaxed);
 }
 
-token_bucket::token_bucket(token_bucket&& other) noexcept
-    : current_(other.current_.load()), last_(other.last_.load()), clock_(other.clock_) {
+token_bucket::token_bucket(token_bucket&& other) noexcept : current_(other.current_.load()), clock_(other.clock_) {
   for (std::uint32_t i = 0; i < block_count; ++i) {
     block& to = blocks_[i];
     const block& from = other.blocks_[i];
     to.word.store(from.word.load());
+    to.last.store(from.last.load());
     to.set(from.params(), {from.rate.load()});
     to.epoch.store(from.epoch.load());
     to.changed_at.store(from.changed_at.load());
@@ -101,14 +101,14 @@ token_bucket::view token_bucket::load() const noexcept {
 }
 
 // Read after load(): see last_.
-std::int64_t token_bucket::evaluation_time(time_point now) const noexcept {
-  return std::max({to_ns(now), earliest, last_.load(relaxed)});
+std::int64_t token_bucket::evaluation_time(const block& b, time_point now) noexcept {
+  return std::max({to_ns(now), earliest, b.last.load(relaxed)});
 }
 
 // Every write leaves TAT >= t (a bucket full at t has TAT = t), so an operation evaluated at a
 // time earlier than a write's computes the same new TAT from it and only decides more strictly.
-void token_bucket::record_write(std::int64_t t) noexcept {
-  if (t > last_.load(relaxed)) last_.store(t, relaxed);
+void token_bucket::record_write(block& b, std::int64_t t) noexcept {
+  if (t > b.last.load(relaxed)) b.last.store(t, relaxed);
 }
 
 sluice::rate token_bucket::rate() const noexcept { return {load().b->rate.load(relaxed)}; }
@@ -122,7 +122,7 @@ result<decision> token_bucket::try_acquire(time_point now, std::int64_t cost) no
   for (;;) {
     const gcra_params p = v.b->params();
     if (auto c = check_cost(p, cost); !c) return c.error();
-    const std::int64_t t = evaluation_time(now);
+    const std::int64_t t = evaluation_time(*v.b, now);
     const gcra_state s{v.word};
     const decision d = s.evaluate(p, t, cost);
     if (!d.allowed || p.interval_ns == 0) {
@@ -131,7 +131,7 @@ result<decision> token_bucket::try_acquire(time_point now, std::int64_t cost) no
       v = load();
       continue;
     }
-    record_write(t);
+    record_write(*v.b, t);
     mark_written(*v.b);
     if (v.b->word.compare_exchange_weak(v.word, gcra_state::next_tat(s.tat, p, t, cost), std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
@@ -146,7 +146,7 @@ result<reservation> token_bucket::reserve_until(time_point now, std::int64_t cos
   for (;;) {
     const gcra_params p = v.b->params();
     if (auto c = check_cost(p, cost); !c) return c.error();
-    const std::int64_t t = evaluation_time(now);
+    const std::int64_t t = evaluation_time(*v.b, now);
     if (p.interval_ns == 0) return reservation{.tokens = cost, .time_to_act = from_ns(t), .interval_ns = 0};
     if (p.burst == 0) return {errc::cost_exceeds_burst, "burst is 0: tokens can never be reserved"};
     const std::int64_t tat_after = gcra_state::next_tat(v.word, p, t, cost);
@@ -156,7 +156,7 @@ result<reservation> token_bucket::reserve_until(time_point now, std::int64_t cos
               "tokens would be available only " + std::to_string(act - t) + " ns from now, after the deadline"};
     }
     const std::uint64_t epoch = v.b->epoch.load(relaxed);
-    record_write(t);
+    record_write(*v.b, t);
     mark_written(*v.b);
     if (v.b->word.compare_exchange_weak(v.word, tat_after, std::memory_order_acq_rel, std::memory_order_acquire)) {
       return reservation{.tokens = cost, .time_to_act = from_ns(act), .interval_ns = p.interval_ns, .epoch = epoch};
@@ -188,12 +188,12 @@ void token_bucket::cancel(const reservation& r, time_point now) noexcept {
     if (v.b->epoch.load(relaxed) != r.epoch) return cancel_across_change(r, now);
     const gcra_params p = v.b->params();
     if (p.interval_ns == 0) return;
-    const std::int64_t t = evaluation_time(now);
+    const std::int64_t t = evaluation_time(*v.b, now);
     if (to_ns(r.time_to_act) < t) return;  // its moment has passed
     // Reserved under these parameters, so this block has written: lastEvent is word - tolerance.
     const std::int64_t restore = restored_ns(r, p, saturating::sub(v.word, p.tolerance_ns));
     if (restore <= 0) return;
-    record_write(t);
+    record_write(*v.b, t);
     if (v.b->word.compare_exchange_weak(v.word, refilled(v.word, t, restore), std::memory_order_acq_rel,
                                         std::memory_order_acquire)) {
       return;
@@ -212,13 +212,13 @@ void token_bucket::cancel_across_change(const reservation& r, time_point now) no
   if (p.interval_ns == 0) return;
   std::int64_t word = b.word.load(std::memory_order_acquire);
   for (;;) {
-    const std::int64_t t = evaluation_time(now);
+    const std::int64_t t = evaluation_time(b, now);
     if (to_ns(r.time_to_act) < t) return;
     const bool written = b.written.load(relaxed);
     const std::int64_t last_event = written ? saturating::sub(word, p.tolerance_ns) : b.last_event.load(relaxed);
     const std::int64_t restore = restored_ns(r, p, last_event);
     if (restore <= 0) return;
-    record_write(t);
+    record_write(b, t);
     if (b.word.compare_exchange_weak(word, refilled(word, t, restore), std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
       // lastEvent moves back by what was given back, as word - tolerance does once written (for
@@ -245,7 +245,7 @@ result<void> token_bucket::wait(std::int64_t cost, time_point deadline, std::sto
 std::int64_t token_bucket::tokens(time_point now) const noexcept {
   const view v = load();
   const gcra_params p = v.b->params();
-  const std::int64_t t = evaluation_time(now);
+  const std::int64_t t = evaluation_time(*v.b, now);
   if (p.interval_ns == 0) {
     // As x/time/rate: an infinite rate refills at once, but not in no time at all.
     if (t != v.b->changed_at.load(relaxed)) return p.burst;
@@ -271,7 +271,7 @@ result<void> token_bucket::change(std::optional<sluice::rate> new_rate, std::opt
   nb.set(np, r);
   std::int64_t word = ob.word.load(std::memory_order_acquire);
   for (;;) {
-    const std::int64_t t = evaluation_time(now);
+    const std::int64_t t = evaluation_time(ob, now);
     // What the bucket holds at t, and x/time/rate's lastEvent (see cancel), carried over.
     double held = static_cast<double>(op.burst);
     std::int64_t last_event = ob.last_event.load(relaxed);
@@ -305,7 +305,7 @@ result<void> token_bucket::change(std::optional<sluice::rate> new_rate, std::opt
     nb.held.store(held, relaxed);
     nb.written.store(false, relaxed);
     nb.last_event.store(last_event, relaxed);
-    record_write(t);
+    nb.last.store(t, relaxed);
     // The seal publishes the new block (release) and makes every CAS on the old word fail.
     if (ob.word.compare_exchange_weak(word, sealed_base + to, std::memory_order_acq_rel, std::memory_order_acquire)) {
       break;
