@@ -80,6 +80,27 @@ TEST(Concurrency, TokenBucketSetRateWhileChecking) {
   EXPECT_GE(admitted, 1);
 }
 
+// Changes seal the current block while checks, reservations and cancels race on it; at frozen time
+// the bucket never holds more than its burst, and every check answers from one parameter set.
+TEST(Concurrency, TokenBucketChangesWhileReservingAndCancelling) {
+  auto b = token_bucket::create({.rate = per_second(5), .burst = 100}).value();
+  std::atomic<bool> stop{false};
+  std::jthread changer([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      (void)(i % 3 ? b.set_rate(per_second(i % 2 ? 5 : 10), t0) : b.set_burst(i % 2 ? 100 : 50, t0));
+    }
+  });
+  hammer([&](int t, int i) {
+    if (t % 2) return b.try_acquire(t0).value().allowed;
+    auto r = b.reserve(t0, 1);
+    if (i % 2) b.cancel(r.value(), t0);
+    return true;
+  });
+  stop = true;
+  changer.join();
+  EXPECT_LE(b.tokens(t0), b.burst());
+}
+
 TEST(Concurrency, SlidingWindowLogAdmitsExactlyLimit) {
   auto log = sliding_window_log::create({.limit = 1000, .window = 60s}).value();
   EXPECT_EQ(hammer([&](int, int) { return log.try_acquire(t0).value().allowed; }), 1000);

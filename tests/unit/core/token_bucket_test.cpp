@@ -194,8 +194,58 @@ TEST(TokenBucket, CancelAfterTimeToActRestoresNothing) {
   EXPECT_EQ(admit_count(b, t0, 5), 5);
   auto r = b.reserve(t0, 1);
   ASSERT_TRUE(r.ok());
-  b.cancel(*r, t0 + 100ms);  // its moment has come
-  EXPECT_EQ(b.tokens(t0 + 100ms), 0);
+  b.cancel(*r, t0 + 100ms + 1ns);  // its moment has passed
+  EXPECT_EQ(b.tokens(t0 + 100ms + 1ns), 0);
+}
+
+// The four cases, each against x/time/rate's answer.
+TEST(TokenBucket, CancelAtTheMomentItBecomesUsableGivesBack) {
+  token_bucket b = make(per_second(10), 5);
+  auto r = b.reserve(t0, 5);  // usable at once
+  ASSERT_TRUE(r.ok());
+  b.cancel(*r, t0);
+  EXPECT_TRUE(acquire(b, t0, 5).allowed);
+}
+
+TEST(TokenBucket, CancelAfterARateChangeGivesBackWhatXTimeRateDoes) {
+  token_bucket b = make(per_second(1), 1);
+  EXPECT_TRUE(acquire(b, t0).allowed);
+  auto r = b.reserve(t0, 1);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(b.set_rate(per_second(0.5), t0).ok());
+  b.cancel(*r, t0);
+  EXPECT_EQ(b.reserve(t0, 1)->delay_from(t0), 2s);
+
+  token_bucket c = make(per_second(1), 1);
+  EXPECT_TRUE(acquire(c, t0).allowed);
+  auto q = c.reserve(t0, 1);
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(c.set_burst(2, t0).ok());
+  c.cancel(*q, t0);
+  EXPECT_EQ(c.tokens(t0), 0);  // x/time/rate keeps the token the burst change did not add
+  EXPECT_EQ(c.reserve(t0, 1)->delay_from(t0), 1s);
+}
+
+TEST(TokenBucket, IntervalsNotAMultipleOf4nsAreExact) {
+  token_bucket b = make(per_second(1e8), 12);  // interval 10 ns
+  EXPECT_EQ(admit_count(b, t0, 20), 12);
+  int admitted = 0;
+  for (int i = 1; i <= 100; ++i) admitted += acquire(b, t0 + i * 10ns).allowed;
+  EXPECT_EQ(admitted, 100);
+  token_bucket fastest = make(per_second(1e9), 1);
+  admitted = 0;
+  for (int i = 1; i <= 1000; ++i) admitted += acquire(fastest, t0 + i * 1ns).allowed;
+  EXPECT_EQ(admitted, 1000);
+}
+
+TEST(TokenBucket, TimeGoingBackIsEvaluatedAtTheLatestWrite) {
+  token_bucket b = make(per_second(1e6), 60);
+  const time_point start(nanoseconds(0));
+  EXPECT_TRUE(acquire(b, start + 4'000'002ns).allowed);
+  decision d = acquire(b, start + 2ns);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 58);
+  EXPECT_EQ(b.tokens(start), 58);
 }
 
 TEST(TokenBucket, WaitFailsAtOnceWhenTheDeadlineCannotBeMet) {
