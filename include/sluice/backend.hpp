@@ -16,12 +16,37 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <utility>
 
 #include "sluice/decision.hpp"
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
 
 namespace sluice {
+
+class backend;
+
+/// What a backend made of one rule, once — the memory backend's keyed tables, the Redis backend's
+/// script and packed arguments — so that a check of it neither looks the rule up nor validates it
+/// again. Made by backend::prepare, immutable, shared by whoever holds it (rule_set, middleware);
+/// a memory backend's limiter state lives in it. Valid for checks on the backend that made it.
+class prepared_rule {
+ public:
+  prepared_rule(sluice::rule r, const backend* owner) : rule_(std::move(r)), owner_(owner) {}
+  virtual ~prepared_rule() = default;
+  prepared_rule(const prepared_rule&) = delete;
+  prepared_rule& operator=(const prepared_rule&) = delete;
+
+  const sluice::rule& definition() const noexcept { return rule_; }
+  /// The backend that made it: a check on another backend ignores it.
+  const backend* owner() const noexcept { return owner_; }
+
+ private:
+  sluice::rule rule_;
+  const backend* owner_;
+};
+
+using prepared_rule_ptr = std::shared_ptr<const prepared_rule>;
 
 /// One check. Single-layer rules use `key`; dual-layer rules use `tenant` and `user`.
 /// The views must stay valid until the check completes (for async_check, until the callback runs).
@@ -31,6 +56,13 @@ struct check_request {
   std::string_view tenant;
   std::string_view user;
   std::int64_t cost = 1;
+  /// The rule as this backend prepared it (with `rule` = &prepared->definition()): the check then
+  /// skips the rule's lookup and validation. Must outlive the check. Default: none (the backend
+  /// finds, or first makes, what it needs for `rule`: slower).
+  const prepared_rule* prepared = nullptr;
+
+  /// A request for `p`'s rule, carrying `p`.
+  static check_request of(const prepared_rule& p) noexcept { return {.rule = &p.definition(), .prepared = &p}; }
 };
 
 /// Validates a request against its rule: rule set, cost in range, keys present and not too long.
@@ -50,6 +82,10 @@ class backend {
  public:
   virtual ~backend() = default;
 
+  /// Validates `r` and makes, once, what checks of it need on this backend. Errors name the bad
+  /// parameter, and nothing changes. Default: the rule, validated, and nothing else.
+  virtual result<prepared_rule_ptr> prepare(const rule& r);
+
   /// Checks and, when admitted, records `req.cost`. Blocks at most the backend's timeout.
   virtual result<decision> check(const check_request& req) = 0;
 
@@ -59,6 +95,10 @@ class backend {
 
   /// True when the backend can currently answer (for readiness probes).
   virtual bool ready() = 0;
+
+  /// True when async_check always completes before it returns (an in-process backend): callers
+  /// may then skip what waiting on another thread would need. Default: false.
+  virtual bool completes_inline() const noexcept { return false; }
 
   /// Called when a rule's parameters change or it is removed, so state kept for it can be dropped.
   /// Default: nothing.

@@ -74,6 +74,11 @@ result<void> validate(const rule& r) {
   return {};
 }
 
+result<prepared_rule_ptr> backend::prepare(const rule& r) {
+  if (auto v = validate(r); !v) return v.error();
+  return prepared_rule_ptr(std::make_shared<prepared_rule>(r, this));
+}
+
 result<void> validate(const check_request& req) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
   const rule& r = *req.rule;

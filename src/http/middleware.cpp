@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 #include <openssl/evp.h>
 
-#include "sluice/memory_backend.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -363,8 +362,11 @@ std::string refusal_body(std::string_view code, std::string_view message, std::i
 
 result<std::shared_ptr<middleware>> middleware::create(middleware_options options) {
   if (!options.backend) return error(errc::invalid_argument, "middleware: backend must be set");
+  std::vector<prepared_rule_ptr> prepared;
   for (std::size_t i = 0; i < options.rules.size(); ++i) {
-    if (auto v = validate(options.rules[i]); !v) return v.error();
+    auto p = options.backend->prepare(options.rules[i]);  // validates the rule, once
+    if (!p) return p.error();
+    prepared.push_back(std::move(*p));
     for (std::size_t j = 0; j < i; ++j) {
       if (options.rules[j].name == options.rules[i].name) {
         return error(errc::invalid_argument, "middleware: rule '" + options.rules[i].name + "' is defined twice");
@@ -389,14 +391,16 @@ result<std::shared_ptr<middleware>> middleware::create(middleware_options option
     if (!c) return c.error();
     trusted.push_back(*c);
   }
-  return std::make_shared<middleware>(private_tag{}, std::move(options), std::move(trusted));
+  return std::make_shared<middleware>(private_tag{}, std::move(options), std::move(trusted), std::move(prepared));
 }
 
-middleware::middleware(private_tag, middleware_options options, std::vector<cidr> trusted)
+middleware::middleware(private_tag, middleware_options options, std::vector<cidr> trusted,
+                       std::vector<prepared_rule_ptr> prepared)
     : options_(std::move(options)),
       trusted_(std::move(trusted)),
+      prepared_(std::move(prepared)),
       counters_(std::make_unique<atomic_counters[]>(options_.rules.size())),
-      completes_inline_(dynamic_cast<const memory_backend*>(options_.backend.get()) != nullptr) {
+      completes_inline_(options_.backend->completes_inline()) {
   for (const auto& r : options_.routes) {
     auto it = std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
     route_rule_.push_back(static_cast<std::size_t>(it - options_.rules.begin()));
@@ -430,7 +434,7 @@ pending_check middleware::prepare(const route_limit& route, const address_source
   auto index = static_cast<std::size_t>(&route - options_.routes.data());
   p.rule_index_ = route_rule_.at(index);
   const rule& r = options_.rules[p.rule_index_];
-  p.rule_ = &r;
+  p.prepared_ = prepared_[p.rule_index_].get();
   p.cost_ = route.cost;
 
   auto client_key = [&]() -> std::string {

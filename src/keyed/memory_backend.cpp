@@ -19,6 +19,13 @@ struct rule_state {
   std::unique_ptr<keyed_limiter> tenants;
 };
 
+// A prepared rule is its state: checks carrying it go straight to its tables.
+struct memory_prepared_rule final : prepared_rule {
+  memory_prepared_rule(const rule& r, const backend* owner, std::shared_ptr<rule_state> s)
+      : prepared_rule(r, owner), state(std::move(s)) {}
+  std::shared_ptr<rule_state> state;
+};
+
 // Each thread remembers the rule states it used last, so that a check takes no lock and writes no
 // shared cache line (with two I/O threads, a shared mutex and reference count cost more than the
 // check itself). An entry is valid while its backend's generation, bumped by every change to the
@@ -37,8 +44,22 @@ class memory_backend_impl final : public memory_backend {
  public:
   explicit memory_backend_impl(const memory_backend_options& o) : options_(o) {}
 
+  result<prepared_rule_ptr> prepare(const rule& r) override {
+    auto s = make_state(r);
+    if (!s) return s.error();
+    {
+      std::lock_guard lock(mutex_);
+      std::erase_if(prepared_, [](const std::weak_ptr<rule_state>& w) { return w.expired(); });
+      prepared_.push_back(*s);
+    }
+    return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(*s)));
+  }
+
   result<decision> check(const check_request& req) override {
     if (auto v = validate(req); !v) return v.error();
+    if (req.prepared != nullptr && req.prepared->owner() == this) {
+      return decide(*static_cast<const memory_prepared_rule*>(req.prepared)->state, req);
+    }
     rule_state* cached = cached_state_for(*req.rule);
     std::shared_ptr<rule_state> held;
     if (cached == nullptr) {
@@ -47,15 +68,13 @@ class memory_backend_impl final : public memory_backend {
       held = std::move(*state);
       cached = held.get();
     }
-    const time_point now = options_.clock->now();
-    rule_state& s = *cached;
-    if (s.tenants) return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost);
-    return s.limiter->try_acquire(req.key, now, req.cost);
+    return decide(*cached, req);
   }
 
   void async_check(const check_request& req, check_handler handler) override { handler(check(req)); }
 
   bool ready() override { return true; }
+  bool completes_inline() const noexcept override { return true; }
 
   void forget_rule(std::string_view name) override {
     std::lock_guard lock(mutex_);
@@ -66,42 +85,74 @@ class memory_backend_impl final : public memory_backend {
   }
 
   void sweep_idle() override {
-    std::vector<std::shared_ptr<rule_state>> states;
-    {
-      std::lock_guard lock(mutex_);
-      for (const auto& [name, st] : rules_) states.push_back(st);
-    }
     const time_point now = options_.clock->now();
-    for (const auto& st : states) {
+    for (const auto& st : live_states()) {
       st->limiter->sweep(now);
       if (st->tenants) st->tenants->sweep(now);
     }
   }
 
   std::vector<rule_key_stats> key_stats() override {
-    std::lock_guard lock(mutex_);
-    std::vector<rule_key_stats> out;
-    for (const auto& [name, st] : rules_) {
-      key_cap_stats c = st->limiter->stats();
-      if (st->tenants) {
-        const key_cap_stats t = st->tenants->stats();
+    std::map<std::string, key_cap_stats, std::less<>> by_rule;  // a reload may hold two states of one name
+    for (const auto& st : live_states()) {
+      key_cap_stats& c = by_rule[st->definition.name];
+      for (const keyed_limiter* l : {st->limiter.get(), st->tenants.get()}) {
+        if (l == nullptr) continue;
+        const key_cap_stats t = l->stats();
         c.evicted_idle += t.evicted_idle;
         c.evicted_active += t.evicted_active;
         c.refused += t.refused;
       }
-      out.push_back({name, c});
     }
+    std::vector<rule_key_stats> out;
+    for (auto& [name, c] : by_rule) out.push_back({name, c});
     return out;
   }
 
   std::size_t key_count() override {
-    std::lock_guard lock(mutex_);
     std::size_t n = 0;
-    for (const auto& [name, s] : rules_) n += s->limiter->size() + (s->tenants ? s->tenants->size() : 0);
+    for (const auto& s : live_states()) n += s->limiter->size() + (s->tenants ? s->tenants->size() : 0);
     return n;
   }
 
  private:
+  // Every state in use: the rules checked unprepared, and those prepared and still held.
+  std::vector<std::shared_ptr<rule_state>> live_states() {
+    std::lock_guard lock(mutex_);
+    std::vector<std::shared_ptr<rule_state>> out;
+    for (const auto& [name, st] : rules_) out.push_back(st);
+    for (const auto& w : prepared_) {
+      if (auto st = w.lock()) out.push_back(std::move(st));
+    }
+    return out;
+  }
+
+  result<decision> decide(rule_state& s, const check_request& req) {
+    const time_point now = options_.clock->now();
+    if (s.tenants) return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost);
+    return s.limiter->try_acquire(req.key, now, req.cost);
+  }
+
+  // A rule's keyed tables, empty.
+  result<std::shared_ptr<rule_state>> make_state(const rule& r) const {
+    if (auto v = validate(r); !v) return v.error();
+    auto s = std::make_shared<rule_state>();
+    s->definition = r;
+    auto make = [&](const policy& p) {
+      return keyed_limiter::create(
+          {.policy = p, .max_keys = options_.max_keys_per_rule, .clock = options_.clock, .when_full = r.when_full});
+    };
+    auto limiter = make(r.limit);
+    if (!limiter) return limiter.error();
+    s->limiter = std::move(*limiter);
+    if (r.tenant) {
+      auto tenants = make(*r.tenant);
+      if (!tenants) return tenants.error();
+      s->tenants = std::move(*tenants);
+    }
+    return s;
+  }
+
   rule_state* cached_state_for(const rule& r) const noexcept {
     const std::uint64_t generation = generation_.load(std::memory_order_acquire);
     for (const cached_rule_state& e : rule_cache) {
@@ -126,21 +177,9 @@ class memory_backend_impl final : public memory_backend {
       remember(it->second, generation_.load(std::memory_order_relaxed));
       return it->second;
     }
-    if (auto v = validate(r); !v) return v.error();
-    auto s = std::make_shared<rule_state>();
-    s->definition = r;
-    auto make = [&](const policy& p) {
-      return keyed_limiter::create(
-          {.policy = p, .max_keys = options_.max_keys_per_rule, .clock = options_.clock, .when_full = r.when_full});
-    };
-    auto limiter = make(r.limit);
-    if (!limiter) return limiter.error();
-    s->limiter = std::move(*limiter);
-    if (r.tenant) {
-      auto tenants = make(*r.tenant);
-      if (!tenants) return tenants.error();
-      s->tenants = std::move(*tenants);
-    }
+    auto made = make_state(r);
+    if (!made) return made.error();
+    std::shared_ptr<rule_state> s = std::move(*made);
     rules_.insert_or_assign(r.name, s);
     const std::uint64_t generation = generation_.fetch_add(1, std::memory_order_release) + 1;
     remember(s, generation);
@@ -152,6 +191,7 @@ class memory_backend_impl final : public memory_backend {
   std::atomic<std::uint64_t> generation_{1};  // bumped under mutex_ by every change to rules_
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<rule_state>, std::less<>> rules_;  // guarded by mutex_
+  std::vector<std::weak_ptr<rule_state>> prepared_;                        // guarded by mutex_
 };
 
 }  // namespace

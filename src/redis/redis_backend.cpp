@@ -151,17 +151,27 @@ nanoseconds from_us(long long us) {
   return nanoseconds(us * 1000);
 }
 
+// What a check of one rule sends besides its keys, cost and deadline, made once by prepare():
+// the script and the rule's packed parameters; also the rule as the local fallback prepared it.
+struct redis_prepared_rule final : prepared_rule {
+  redis_prepared_rule(const rule& r, const backend* owner) : prepared_rule(r, owner) {}
+  std::size_t script = 0;         // index into scripts()
+  bool dual = false;
+  std::int64_t limit = 0;         // single: the capacity; dual: the user layer's
+  std::int64_t tenant_limit = 0;  // dual only
+  std::string params;             // RESP bulk strings: the tenant's then the user's, or the rule's
+  prepared_rule_ptr local;        // on_error = local only
+};
+
 // One check on its way through the backend.
 struct op {
   check_request req;  // views valid until the handler runs
+  const redis_prepared_rule* rule = nullptr;  // the caller's (valid as the views), or `made`
+  std::shared_ptr<const redis_prepared_rule> made;  // prepared for this check alone
   check_handler handler;
   std::string command;    // RESP: EVALSHA sha numkeys keys... argv..., formatted once
   std::size_t header = 0;  // length of "*argc CRLF"
   std::size_t rest = 0;    // offset of numkeys: what EVAL shares with EVALSHA
-  std::size_t script = 0;  // index into scripts()
-  bool dual = false;
-  std::int64_t limit = 0;         // single: the capacity; dual: the user layer's
-  std::int64_t tenant_limit = 0;  // dual only
   steady::time_point deadline;
   bool done = false;
   bool resent = false;  // sent again as EVAL after NOSCRIPT
@@ -233,37 +243,72 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
 
-  void async_check(const check_request& req, check_handler handler) {
+  // What prepare() makes and the local fallback's own prepared form of the rule, which keeps the
+  // fallback's state for as long as the prepared rule is held.
+  result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner) const {
+    auto p = prepare_script(r, owner);
+    if (!p || !local_) return p;
+    auto l = local_->prepare(r);
+    if (!l) return l.error();
+    (*p)->local = std::move(*l);
+    return p;
+  }
+
+  // The rule's script and parameters, validated (the rule, and what Redis can compute exactly).
+  result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner) const {
+    if (auto v = validate(r); !v) return v.error();
+    if (auto v = validate_for_redis(r); !v) return v.error();
+    auto p = std::make_shared<redis_prepared_rule>(r, owner);
+    p->dual = r.is_dual_layer();
+    p->limit = r.limit.capacity();
+    p->script = p->dual ? redis_detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
+                        : redis_detail::single_script(r.limit.algorithm);
+    if (p->dual) {
+      p->tenant_limit = r.tenant->capacity();
+      append_params(p->params, *r.tenant);
+    }
+    append_params(p->params, r.limit);
+    return p;
+  }
+
+  void async_check(const check_request& req, const backend* owner, check_handler handler) {
     if (!handler) handler = [](result<decision>) {};
     if (auto v = validate(req); !v) {
       handler(v.error());
       return;
     }
-    // The rule's parameters go into the script: a bad one is the caller's error, not Redis's.
-    if (auto v = validate(*req.rule); !v) {
-      handler(v.error());
-      return;
-    }
-    if (auto v = validate_for_redis(*req.rule); !v) {
-      handler(v.error());
-      return;
+    // A rule not prepared here is prepared now, for this check (its local fallback finds the rule
+    // by name): its parameters go into the script, so a bad one is the caller's error, not Redis's.
+    std::shared_ptr<const redis_prepared_rule> made;
+    const redis_prepared_rule* prepared = nullptr;
+    if (req.prepared != nullptr && req.prepared->owner() == owner) {
+      prepared = static_cast<const redis_prepared_rule*>(req.prepared);
+    } else {
+      auto p = prepare_script(*req.rule, owner);
+      if (!p) {
+        handler(p.error());
+        return;
+      }
+      made = std::move(*p);
+      prepared = made.get();
     }
     checks_.fetch_add(1, std::memory_order_relaxed);
     if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
       pending_.fetch_sub(1, std::memory_order_relaxed);
       overloaded_.fetch_add(1, std::memory_order_relaxed);
       log_.report("too many checks waiting (max_pending = " + std::to_string(options_.max_pending) + ")");
-      handler(failure_decision(req, errc::backend_overloaded));
+      handler(failure_decision(req, *prepared, errc::backend_overloaded));
       return;
     }
     auto o = std::make_shared<op>();
     o->req = req;
+    o->rule = prepared;
+    o->made = std::move(made);
     o->handler = std::move(handler);
     build(*o);
     asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
   }
 
-  // Connected, and not refusing scripts for want of memory.
   bool ready() const { return ready_.load(std::memory_order_relaxed) && !out_of_memory_.load(std::memory_order_relaxed); }
 
   redis_backend_stats stats() const {
@@ -293,36 +338,27 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   // --- building a command (caller's thread) -------------------------------------------------------
 
   void build(op& o) {
-    const rule& r = *o.req.rule;
-    const auto& all = scripts();
+    const redis_prepared_rule& p = *o.rule;
+    const rule& r = p.definition();
     const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
     std::string& c = o.command;
     c.reserve(256);
-    o.dual = r.is_dual_layer();
-    o.limit = r.limit.capacity();
-    o.script = o.dual ? redis_detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
-                      : redis_detail::single_script(r.limit.algorithm);
-    c += o.dual ? "*14\r\n" : "*10\r\n";
+    c += p.dual ? "*14\r\n" : "*10\r\n";
     o.header = c.size();
     bulk(c, "EVALSHA");
-    bulk(c, all[o.script].sha1);
+    bulk(c, scripts()[p.script].sha1);
     o.rest = c.size();
-    if (o.dual) {
-      o.tenant_limit = r.tenant->capacity();
+    if (p.dual) {
       bulk(c, "2");
       bulk(c, redis_detail::tenant_key(options_.key_prefix, r.name, o.req.tenant, r.tenant->algorithm));
       bulk(c, redis_detail::user_key(options_.key_prefix, r.name, o.req.tenant, o.req.user, r.limit.algorithm));
-      bulk(c, now);
-      bulk(c, o.req.cost);
-      append_params(c, *r.tenant);
-      append_params(c, r.limit);
     } else {
       bulk(c, "1");
       bulk(c, redis_detail::single_key(options_.key_prefix, r.name, o.req.key, r.limit.algorithm));
-      bulk(c, now);
-      bulk(c, o.req.cost);
-      append_params(c, r.limit);
     }
+    bulk(c, now);
+    bulk(c, o.req.cost);
+    c += p.params;
     bulk(c, server_deadline_us());
   }
 
@@ -379,7 +415,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     std::string eval;
     if (o->resent) {
       // EVAL with the script's body instead of EVALSHA with its hash; the rest is the same.
-      const std::string& body = scripts()[o->script].body;
+      const std::string& body = scripts()[o->rule->script].body;
       eval.reserve(o->command.size() + body.size() + 32);
       eval.append(o->command, 0, o->header);
       bulk(eval, "EVAL");
@@ -476,20 +512,21 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   }
 
   static result<decision> parse(const op& o, const redisReply& r) {
+    const redis_prepared_rule& p = *o.rule;
     // Each reply ends with the server time (read by handle_reply).
-    if (!o.dual) {
+    if (!p.dual) {
       long long v[5];
       if (!integers(r, 5, v) || (v[0] != 0 && v[0] != 1)) {
         return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
       }
-      return layer_decision(v, o.limit);
+      return layer_decision(v, p.limit);
     }
     long long v[9];
     if (!integers(r, 9, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
       return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
     }
     // The same combination as in process.
-    return combine_layers(layer_decision(v, o.tenant_limit), layer_decision(v + 4, o.limit));
+    return combine_layers(layer_decision(v, p.tenant_limit), layer_decision(v + 4, p.limit));
   }
 
   void complete(const op_ptr& o, result<decision> r) {
@@ -507,7 +544,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       default: unavailable_.fetch_add(1, std::memory_order_relaxed); break;
     }
     if (!stopping_) log_.report(why);
-    auto d = failure_decision(o->req, code);
+    auto d = failure_decision(o->req, *o->rule, code);
     o->done = true;
     check_handler h = std::move(o->handler);
     pending_.fetch_sub(1, std::memory_order_relaxed);
@@ -515,7 +552,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   }
 
   // What on_error decides for a check Redis could not answer. Thread-safe.
-  result<decision> failure_decision(const check_request& req, errc) {
+  result<decision> failure_decision(const check_request& req, const redis_prepared_rule& prepared, errc) {
     const rule& r = *req.rule;
     decision d;
     d.limit = r.limit.capacity();
@@ -544,7 +581,9 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
         return d;
       case failure_policy::local: {
         local_fallback_.fetch_add(1, std::memory_order_relaxed);
-        auto l = local_->check(req);
+        check_request local_req = req;
+        local_req.prepared = prepared.local.get();
+        auto l = local_->check(local_req);
         if (l) l->source = decision_source::local_fallback;
         return l;
       }
@@ -895,12 +934,18 @@ class redis_backend_impl final : public redis_backend {
     }
     auto p = std::make_shared<std::promise<result<decision>>>();
     auto f = p->get_future();
-    core_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
+    core_->async_check(req, this, [p](result<decision> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
   void async_check(const check_request& req, check_handler handler) override {
-    core_->async_check(req, std::move(handler));
+    core_->async_check(req, this, std::move(handler));
+  }
+
+  result<prepared_rule_ptr> prepare(const rule& r) override {
+    auto p = core_->prepare(r, this);
+    if (!p) return p.error();
+    return prepared_rule_ptr(std::move(*p));
   }
 
   bool ready() override { return core_->ready(); }

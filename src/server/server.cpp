@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/http/headers.hpp"
+#include "sluice/rule_set.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/server/api.hpp"
 #ifdef SLUICE_HAVE_REDIS
@@ -157,17 +158,25 @@ bool is_json_media_type(std::string_view content_type) {
   return beast::iequals(beast::string_view(type.data(), type.size()), "application/json");
 }
 
-// One loaded configuration and what is derived from it.
+// One loaded configuration and what is derived from it: its rules prepared on the backend, in the
+// config's order (rules->rules()[i] is cfg.rules[i]), so a check finds its prepared rule by index.
 struct snapshot {
   config cfg;
+  std::shared_ptr<const rule_set> rules;
   sluice::http::header_options headers;
+
+  const prepared_rule& prepared(const rule& r) const { return *rules->rules()[static_cast<std::size_t>(&r - cfg.rules.data())]; }
 };
 
-std::shared_ptr<const snapshot> make_snapshot(config cfg) {
+// `previous` (may be null): its unchanged rules keep their prepared form, hence their state.
+result<std::shared_ptr<const snapshot>> make_snapshot(config cfg, backend& b, const snapshot* previous) {
+  auto rules = rule_set::build(b, cfg.rules, {.source = cfg.source}, previous ? previous->rules.get() : nullptr);
+  if (!rules) return rules.error();
   auto s = std::make_shared<snapshot>();
   s->headers = {.legacy_fields = cfg.http.legacy_headers, .ietf_fields = cfg.http.ietf_headers};
   s->cfg = std::move(cfg);
-  return s;
+  s->rules = std::move(*rules);
+  return std::shared_ptr<const snapshot>(std::move(s));
 }
 
 // A file's identity for change detection: modification time (ns), size and inode.
@@ -594,24 +603,25 @@ class service {
     next.backend = old->cfg.backend;
     next.server.listen = old->cfg.server.listen;
     next.server.threads = old->cfg.server.threads;
-    std::vector<std::string> changed;
-    for (const rule& r : old->cfg.rules) {
-      const rule* n = next.find_rule(r.name);
-      if (n == nullptr || !(*n == r)) changed.push_back(r.name);
+    const bool enabled = next.enabled;
+    auto snap = make_snapshot(std::move(next), *backend_, old.get());
+    if (!snap) {
+      metrics_.record_reload(false);
+      spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(snap.error().message));
+      return;
     }
-    std::size_t rules = next.rules.size();
-    bool enabled = next.enabled;
+    // Checks already running keep the old snapshot, and with it the old rules' state; new checks
+    // get the new one, where a changed rule starts afresh.
+    const std::size_t rules = (*snap)->rules->size();
+    const std::size_t reset = old->rules->size() - (*snap)->rules->kept();
     {
       std::lock_guard lock(mu_);
-      current_ = make_snapshot(std::move(next));
+      current_ = std::move(*snap);
       version_.fetch_add(1, std::memory_order_release);
     }
-    // Checks already running hold the old snapshot; dropping state of changed rules after the swap
-    // means no new check starts on the old parameters.
-    for (const std::string& name : changed) backend_->forget_rule(name);
     metrics_.record_reload(true);
-    spdlog::info("event=reload result=success trigger={} rules={} enabled={} reset_rules={}", trigger, rules, enabled,
-                 changed.size());
+    spdlog::info("event=reload result=success trigger={} rules={} enabled={} reset_rules={} version={}", trigger,
+                 rules, enabled, reset, current()->rules->version());
   }
 
   void begin_drain() {
@@ -844,7 +854,9 @@ void session::handle_check() {
       continue;
     }
     ++outstanding_;
-    svc_.limiter().async_check(item.request(), [self = shared_from_this(), i](result<decision> r) {
+    check_request req = item.request();
+    req.prepared = &snap_->prepared(*item.rule);
+    svc_.limiter().async_check(req, [self = shared_from_this(), i](result<decision> r) {
       // Inline completions (memory backend) run here and now; Redis completes on its own thread
       // and is posted back to this connection's thread.
       auto ex = self->socket_.get_executor();
@@ -1022,7 +1034,12 @@ int run(const server_options& options) {
   std::signal(SIGPIPE, SIG_IGN);
   int rc = 0;
   {
-    service svc(options.config_path, make_snapshot(std::move(*cfg)), std::move(*b));
+    auto snap = make_snapshot(std::move(*cfg), **b, nullptr);
+    if (!snap) {
+      spdlog::error("event=config_invalid error={}", log_value(snap.error().message));
+      return 1;
+    }
+    service svc(options.config_path, std::move(*snap), std::move(*b));
     rc = svc.run(*endpoint, threads);
   }
   return rc;

@@ -207,16 +207,17 @@ class pending_check {
  public:
   /// The backend request; its views point into this object.
   check_request request() const noexcept {
-    return {.rule = rule_, .key = key_, .tenant = tenant_, .user = user_, .cost = cost_};
+    return {.rule = &prepared_->definition(), .key = key_, .tenant = tenant_, .user = user_, .cost = cost_,
+            .prepared = prepared_};
   }
   /// The rule checked.
-  const sluice::rule& rule() const noexcept { return *rule_; }
+  const sluice::rule& rule() const noexcept { return prepared_->definition(); }
 
  private:
   friend class middleware;
   pending_check() = default;
 
-  const sluice::rule* rule_ = nullptr;
+  const prepared_rule* prepared_ = nullptr;  // held by the middleware
   std::size_t rule_index_ = 0;
   std::int64_t cost_ = 1;
   std::string key_;
@@ -275,7 +276,7 @@ class middleware : public std::enable_shared_from_this<middleware> {
   const middleware_options& options() const noexcept { return options_; }
 
   /// Use create(): a middleware must live in a shared_ptr.
-  middleware(private_tag, middleware_options options, std::vector<cidr> trusted);
+  middleware(private_tag, middleware_options options, std::vector<cidr> trusted, std::vector<prepared_rule_ptr> prepared);
 
  private:
   struct atomic_counters {
@@ -287,6 +288,7 @@ class middleware : public std::enable_shared_from_this<middleware> {
 
   middleware_options options_;
   std::vector<cidr> trusted_;
+  std::vector<prepared_rule_ptr> prepared_;  // options_.rules[i] as the backend prepared it
   std::vector<std::size_t> route_rule_;  // routes_[i] -> index into options_.rules
   std::vector<bool> route_needs_identity_;  // routes_[i] -> needs_identity()
   std::unique_ptr<atomic_counters[]> counters_;
