@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -103,6 +104,10 @@ class backend {
   /// Called when a rule's parameters change or it is removed, so state kept for it can be dropped.
   /// Default: nothing.
   virtual void forget_rule(std::string_view /*rule_name*/) {}
+
+  /// Appends the backend's own metrics to `prometheus_text` (sluice/prometheus.hpp): live keys and
+  /// evictions for the memory backend, connection and failure counters for Redis. Default: none.
+  virtual void append_metrics(std::string& /*prometheus_text*/) {}
 
   /// Drops state that carries no information any more (full buckets, empty windows), one shard
   /// lock at a time. Backends whose state expires by itself (Redis TTLs) do nothing. Default: nothing.

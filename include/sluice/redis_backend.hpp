@@ -107,6 +107,7 @@ struct redis_backend_stats {
   std::uint64_t circuit_opens = 0;     ///< Times the circuit breaker opened.
   std::uint64_t pending = 0;           ///< Checks waiting right now.
   bool circuit_open = false;           ///< True while checks are failed fast.
+  bool out_of_memory = false;          ///< Redis refuses scripts over maxmemory (ready() is false).
 };
 
 /// The Redis backend; `stats()` is what sluiced exports.

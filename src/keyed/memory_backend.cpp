@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sluice/keyed.hpp"
+#include "sluice/prometheus.hpp"
 
 namespace sluice {
 namespace {
@@ -89,6 +90,20 @@ class memory_backend_impl final : public memory_backend {
     for (const auto& st : live_states()) {
       st->limiter->sweep(now);
       if (st->tenants) st->tenants->sweep(now);
+    }
+  }
+
+  void append_metrics(std::string& out) override {
+    prometheus::family(out, "sluice_live_keys", "gauge", "Keys held by the in-process backend.");
+    prometheus::sample(out, "sluice_live_keys", static_cast<std::uint64_t>(key_count()));
+    prometheus::family(out, "sluice_evictions_total", "counter",
+                       "Keys dropped or refused at the key cap (max_keys_per_rule), by rule and kind: idle (nothing "
+                       "forgotten), active (the key started afresh), refused (new key refused).");
+    for (const rule_key_stats& r : key_stats()) {
+      const std::string prefix = "sluice_evictions_total{rule=\"" + prometheus::escape_label(r.rule) + "\",kind=\"";
+      prometheus::sample(out, prefix + "idle\"}", r.counts.evicted_idle);
+      prometheus::sample(out, prefix + "active\"}", r.counts.evicted_active);
+      prometheus::sample(out, prefix + "refused\"}", r.counts.refused);
     }
   }
 

@@ -34,6 +34,7 @@
 #include "redis/scripts.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/memory_backend.hpp"
+#include "sluice/prometheus.hpp"
 
 namespace sluice {
 namespace {
@@ -327,6 +328,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     s.circuit_opens = circuit_opens_.load(std::memory_order_relaxed);
     s.pending = pending_.load(std::memory_order_relaxed);
     s.circuit_open = circuit_open_flag_.load(std::memory_order_relaxed);
+    s.out_of_memory = out_of_memory_.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -951,6 +953,26 @@ class redis_backend_impl final : public redis_backend {
   bool ready() override { return core_->ready(); }
   void forget_rule(std::string_view rule_name) override { core_->forget_rule(rule_name); }
   redis_backend_stats stats() const override { return core_->stats(); }
+
+  void append_metrics(std::string& out) override {
+    const redis_backend_stats st = core_->stats();
+    auto metric = [&out](const char* name, const char* type, const char* help, std::uint64_t v) {
+      prometheus::family(out, name, type, help);
+      prometheus::sample(out, name, v);
+    };
+    metric("sluice_redis_checks_total", "counter", "Valid checks sent to the Redis backend.", st.checks);
+    metric("sluice_redis_decisions_total", "counter", "Checks Redis decided.", st.redis_decisions);
+    metric("sluice_redis_timeouts_total", "counter", "Checks with no Redis answer within timeout_ms.", st.timeouts);
+    metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.", st.unavailable);
+    metric("sluice_redis_protocol_errors_total", "counter", "Error or malformed Redis replies.", st.protocol_errors);
+    metric("sluice_redis_overloaded_total", "counter", "Checks refused because max_pending were waiting.", st.overloaded);
+    metric("sluice_redis_script_reloads_total", "counter", "NOSCRIPT replies recovered.", st.script_reloads);
+    metric("sluice_redis_connects_total", "counter", "Successful Redis connections.", st.connects);
+    metric("sluice_redis_circuit_opens_total", "counter", "Times the circuit breaker opened.", st.circuit_opens);
+    metric("sluice_redis_pending", "gauge", "Checks waiting on Redis now.", st.pending);
+    metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
+    metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.", st.out_of_memory ? 1 : 0);
+  }
 
  private:
   std::unique_ptr<asio::io_context> owned_io_;

@@ -1,29 +1,15 @@
 // Prometheus text exposition for sluiced, written by hand: a handful of counters and one histogram.
 #include "sluice/server/metrics.hpp"
 
+#include "sluice/prometheus.hpp"
+
 #include <cstdio>
 
 namespace sluice::server {
 
 namespace {
 
-// Escapes a label value: backslash, double quote and newline, as the text format requires.
-std::string escape_label(std::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+using prometheus::escape_label;
 
 std::string format_double(double v) {
   char buf[32];
@@ -32,22 +18,11 @@ std::string format_double(double v) {
 }
 
 void header(std::string& out, const char* name, const char* type, const char* help) {
-  out += "# HELP ";
-  out += name;
-  out += ' ';
-  out += help;
-  out += "\n# TYPE ";
-  out += name;
-  out += ' ';
-  out += type;
-  out += '\n';
+  prometheus::family(out, name, type, help);
 }
 
 void sample(std::string& out, const std::string& name_and_labels, std::uint64_t v) {
-  out += name_and_labels;
-  out += ' ';
-  out += std::to_string(v);
-  out += '\n';
+  prometheus::sample(out, name_and_labels, v);
 }
 
 }  // namespace
@@ -205,10 +180,6 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   for (std::size_t status = 0; status < responses_.size(); ++status) {
     std::uint64_t v = responses_[status].load(std::memory_order_relaxed);
     if (v) sample(out, "sluice_http_responses_total{code=\"" + std::to_string(status) + "\"}", v);
-  }
-  if (gauges.live_keys) {
-    header(out, "sluice_live_keys", "gauge", "Keys held by the in-process backend.");
-    out += "sluice_live_keys " + std::to_string(*gauges.live_keys) + '\n';
   }
   header(out, "sluice_backend_ready", "gauge", "1 when the backend answers, else 0.");
   out += std::string("sluice_backend_ready ") + (gauges.backend_ready ? "1" : "0") + '\n';

@@ -29,11 +29,8 @@
 
 #include "sluice/http/headers.hpp"
 #include "sluice/rule_set.hpp"
-#include "sluice/memory_backend.hpp"
+#include "sluice/prometheus.hpp"
 #include "sluice/server/api.hpp"
-#ifdef SLUICE_HAVE_REDIS
-#include "sluice/redis_backend.hpp"
-#endif
 #include "sluice/server/metrics.hpp"
 #include "server/request_limits.hpp"
 
@@ -322,7 +319,6 @@ class service {
       : workers_(),
         config_path_(std::move(config_path)),
         backend_(std::move(b)),
-        memory_(dynamic_cast<memory_backend*>(backend_.get())),
         metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
         current_(std::move(snap)),
         acceptor_(ioc_),
@@ -355,53 +351,16 @@ class service {
   void request_begin() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
   void request_end() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
 
+  // sluiced's own counters, then the backend's (whatever it is), then the requests in flight.
   std::string render_metrics() {
-    metrics_gauges g;
-    g.backend_ready = backend_->ready();
-    if (memory_) g.live_keys = static_cast<std::int64_t>(memory_->key_count());
-    std::string out = metrics_.render(g);
-    if (memory_) append_eviction_metrics(out, memory_->key_stats());
-    out += "# HELP sluice_http_requests_in_flight Requests read and not yet answered (this scrape included).\n"
-           "# TYPE sluice_http_requests_in_flight gauge\nsluice_http_requests_in_flight " +
-           std::to_string(in_flight_.load(std::memory_order_relaxed)) + "\n";
-#ifdef SLUICE_HAVE_REDIS
-    if (auto* redis = dynamic_cast<redis_backend*>(backend_.get())) append_redis_metrics(out, redis->stats());
-#endif
+    std::string out = metrics_.render({.backend_ready = backend_->ready()});
+    backend_->append_metrics(out);
+    prometheus::family(out, "sluice_http_requests_in_flight", "gauge",
+                       "Requests read and not yet answered (this scrape included).");
+    prometheus::sample(out, "sluice_http_requests_in_flight",
+                       static_cast<std::int64_t>(in_flight_.load(std::memory_order_relaxed)));
     return out;
   }
-
-  static void append_eviction_metrics(std::string& out, const std::vector<rule_key_stats>& rules) {
-    out += "# HELP sluice_evictions_total Keys dropped or refused at the key cap (max_keys_per_rule), by rule and kind: "
-           "idle (nothing forgotten), active (the key started afresh), refused (new key refused).\n"
-           "# TYPE sluice_evictions_total counter\n";
-    for (const auto& r : rules) {
-      const std::pair<const char*, std::uint64_t> kinds[] = {
-          {"idle", r.counts.evicted_idle}, {"active", r.counts.evicted_active}, {"refused", r.counts.refused}};
-      for (const auto& [kind, n] : kinds) {
-        out += "sluice_evictions_total{rule=\"" + r.rule + "\",kind=\"" + kind + "\"} " + std::to_string(n) + "\n";
-      }
-    }
-  }
-
-#ifdef SLUICE_HAVE_REDIS
-  static void append_redis_metrics(std::string& out, const redis_backend_stats& st) {
-    auto metric = [&out](const char* name, const char* type, const char* help, std::uint64_t v) {
-      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
-             std::to_string(v) + "\n";
-    };
-    metric("sluice_redis_checks_total", "counter", "Valid checks sent to the Redis backend.", st.checks);
-    metric("sluice_redis_decisions_total", "counter", "Checks Redis decided.", st.redis_decisions);
-    metric("sluice_redis_timeouts_total", "counter", "Checks with no Redis answer within timeout_ms.", st.timeouts);
-    metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.", st.unavailable);
-    metric("sluice_redis_protocol_errors_total", "counter", "Error or malformed Redis replies.", st.protocol_errors);
-    metric("sluice_redis_overloaded_total", "counter", "Checks refused because max_pending were waiting.", st.overloaded);
-    metric("sluice_redis_script_reloads_total", "counter", "NOSCRIPT replies recovered.", st.script_reloads);
-    metric("sluice_redis_connects_total", "counter", "Successful Redis connections.", st.connects);
-    metric("sluice_redis_circuit_opens_total", "counter", "Times the circuit breaker opened.", st.circuit_opens);
-    metric("sluice_redis_pending", "gauge", "Checks waiting on Redis now.", st.pending);
-    metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
-  }
-#endif
 
   int run(const tcp::endpoint& endpoint, unsigned threads) {
     beast::error_code ec;
@@ -440,7 +399,6 @@ class service {
     for (auto& t : pool) t.join();
     // The backend goes first: completions it still holds (a drain that timed out on Redis) are
     // posted to the stopped io_contexts, which must still exist to take them.
-    memory_ = nullptr;
     backend_.reset();
     spdlog::info("event=stopped");
     return 0;
@@ -670,7 +628,6 @@ class service {
   std::string config_path_;
   net::io_context ioc_{1};
   std::unique_ptr<backend> backend_;
-  memory_backend* memory_;
   server::metrics metrics_;
   std::mutex mu_;
   std::shared_ptr<const snapshot> current_;

@@ -6,7 +6,7 @@
 //
 //   sluice::server::metrics m({.max_tenant_labels = 100});
 //   m.record_decision("api", "", d, std::chrono::microseconds(40));
-//   std::string text = m.render({.live_keys = 12, .backend_ready = true});
+//   std::string text = m.render({.backend_ready = true});   // the backend adds its own (append_metrics)
 //
 // Thread-safe.
 #pragma once
@@ -37,8 +37,6 @@ struct metrics_options {
 
 /// Values sampled at render time.
 struct metrics_gauges {
-  /// Live keys in the memory backend; nullopt for backends that do not count them. Default: nullopt.
-  std::optional<std::int64_t> live_keys;
   /// Whether the backend answers. Default: true.
   bool backend_ready = true;
 };

@@ -22,7 +22,7 @@ TEST(Metrics, CountsChecksRejectionsAndLatency) {
   m.record_decision("api", "", ok, 40us);
   m.record_decision("api", "", ok, 2ms);
   m.record_decision("api", "", no, 40us);
-  std::string t = m.render({.live_keys = 3, .backend_ready = true});
+  std::string t = m.render({.backend_ready = true});
   EXPECT_TRUE(has_line(t, R"(sluice_checks_total{rule="api",result="allowed"} 2)")) << t;
   EXPECT_TRUE(has_line(t, R"(sluice_checks_total{rule="api",result="rejected"} 1)"));
   EXPECT_TRUE(has_line(t, R"(sluice_rejections_total{rule="api",layer="single",tenant=""} 1)"));
@@ -30,7 +30,6 @@ TEST(Metrics, CountsChecksRejectionsAndLatency) {
   EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="api",le="0.0025"} 3)"));
   EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="api",le="+Inf"} 3)"));
   EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_count{rule="api"} 3)"));
-  EXPECT_TRUE(has_line(t, "sluice_live_keys 3"));
   EXPECT_TRUE(has_line(t, "sluice_backend_ready 1"));
   EXPECT_TRUE(has_line(t, "# TYPE sluice_check_duration_seconds histogram"));
 }
