@@ -36,10 +36,20 @@ enum class errc {
   config_invalid,         ///< A configuration file or value is invalid; the message says where.
 };
 
+/// Sets of errc that callers branch on, as std::error_condition (Beast's `condition` does the same
+/// for its codes): `if (e.code == sluice::condition::backend_failure) ...`.
+enum class condition {
+  /// backend_unavailable, backend_timeout, backend_protocol, backend_overloaded: the backend could
+  /// not decide, so a failure policy applies — unlike a request that could never be admitted.
+  backend_failure = 1,
+};
+
 }  // namespace sluice
 
 template <>
 struct std::is_error_code_enum<sluice::errc> : std::true_type {};
+template <>
+struct std::is_error_condition_enum<sluice::condition> : std::true_type {};
 
 namespace sluice {
 
@@ -48,6 +58,13 @@ const std::error_category& error_category() noexcept;
 
 inline std::error_code make_error_code(errc e) noexcept {
   return {static_cast<int>(e), error_category()};
+}
+
+/// The category of `condition`; its name is "sluice-condition".
+const std::error_category& condition_category() noexcept;
+
+inline std::error_condition make_error_condition(condition c) noexcept {
+  return {static_cast<int>(c), condition_category()};
 }
 
 /// An error: a code to branch on and a message for people.
@@ -59,6 +76,7 @@ struct error {
   error(std::error_code c, std::string msg) : code(c), message(std::move(msg)) {}
 
   bool operator==(errc e) const noexcept { return code == make_error_code(e); }
+  bool operator==(condition c) const noexcept { return code == make_error_condition(c); }
 };
 
 /// Either a value or an error. Check with `ok()` (or contextual bool) before `value()`.

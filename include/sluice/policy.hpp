@@ -19,6 +19,7 @@
 #include <string_view>
 
 #include "sluice/clock.hpp"
+#include "sluice/decision.hpp"
 #include "sluice/error.hpp"
 
 namespace sluice {
@@ -118,5 +119,10 @@ struct rule {
 };
 
 result<void> validate(const rule& r);
+
+/// The decision for a check admitted without being counted (limiting disabled, a backend failing
+/// open): every layer of `r` with its whole capacity left, combined as any dual-layer decision,
+/// marked with `source`.
+decision full_capacity_decision(const rule& r, decision_source source) noexcept;
 
 }  // namespace sluice

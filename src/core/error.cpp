@@ -25,10 +25,29 @@ class category final : public std::error_category {
   }
 };
 
+class condition_category_impl final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "sluice-condition"; }
+  std::string message(int value) const override {
+    return static_cast<condition>(value) == condition::backend_failure ? "backend failure" : "unknown sluice condition";
+  }
+  bool equivalent(const std::error_code& code, int value) const noexcept override {
+    if (code.category() != sluice::error_category() || static_cast<condition>(value) != condition::backend_failure) return false;
+    const auto e = static_cast<errc>(code.value());
+    return e == errc::backend_unavailable || e == errc::backend_timeout || e == errc::backend_protocol ||
+           e == errc::backend_overloaded;
+  }
+};
+
 }  // namespace
 
 const std::error_category& error_category() noexcept {
   static const category instance;
+  return instance;
+}
+
+const std::error_category& condition_category() noexcept {
+  static const condition_category_impl instance;
   return instance;
 }
 

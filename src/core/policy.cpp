@@ -74,6 +74,16 @@ result<void> validate(const rule& r) {
   return {};
 }
 
+decision full_capacity_decision(const rule& r, decision_source source) noexcept {
+  const decision user{.allowed = true, .limit = r.limit.capacity(), .remaining = r.limit.capacity()};
+  decision d = user;
+  if (r.tenant) {
+    d = combine_layers({.allowed = true, .limit = r.tenant->capacity(), .remaining = r.tenant->capacity()}, user);
+  }
+  d.source = source;
+  return d;
+}
+
 result<prepared_rule_ptr> backend::prepare(const rule& r) {
   if (auto v = validate(r); !v) return v.error();
   return prepared_rule_ptr(std::make_shared<prepared_rule>(r, this));

@@ -346,11 +346,6 @@ std::string id_key(std::string_view prefix, std::string_view id) {
   return key;
 }
 
-bool is_backend_failure(const std::error_code& code) noexcept {
-  return code == errc::backend_unavailable || code == errc::backend_timeout || code == errc::backend_protocol ||
-         code == errc::backend_overloaded;
-}
-
 }  // namespace
 
 std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds) {
@@ -509,7 +504,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   bool shadow = options_.enforcement == enforcement::shadow;
   outcome o;
 
-  if (!answer && !is_backend_failure(answer.error().code)) {
+  if (!answer && answer.error().code != condition::backend_failure) {
     // The check itself cannot be made (cost over the burst, key cap reached, invalid key): that is
     // not an outage, and letting it through would let a request around the limit. Refuse it.
     c.invalid.fetch_add(1, std::memory_order_relaxed);

@@ -556,31 +556,23 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   // What on_error decides for a check Redis could not answer. Thread-safe.
   result<decision> failure_decision(const check_request& req, const redis_prepared_rule& prepared, errc) {
     const rule& r = *req.rule;
-    decision d;
-    d.limit = r.limit.capacity();
-    if (r.is_dual_layer()) {
-      d.dual_layer = true;
-      d.user.limit = r.limit.capacity();
-      d.tenant.limit = r.tenant->capacity();
-    }
     switch (options_.on_error) {
       case failure_policy::allow:
         fail_open_.fetch_add(1, std::memory_order_relaxed);
-        d.allowed = true;
-        d.remaining = d.limit;
-        if (d.dual_layer) {
-          // Both layers admit with everything left; combined as any dual-layer decision.
-          d = combine_layers({.allowed = true, .limit = d.tenant.limit, .remaining = d.tenant.limit},
-                             {.allowed = true, .limit = d.user.limit, .remaining = d.user.limit});
-        }
-        d.source = decision_source::fail_open;
-        return d;
-      case failure_policy::deny:
+        return full_capacity_decision(r, decision_source::fail_open);
+      case failure_policy::deny: {
         fail_closed_.fetch_add(1, std::memory_order_relaxed);
-        d.allowed = false;
+        decision d;
+        d.limit = r.limit.capacity();
+        if (r.is_dual_layer()) {
+          d.dual_layer = true;
+          d.user.limit = r.limit.capacity();
+          d.tenant.limit = r.tenant->capacity();
+        }
         d.retry_after = std::chrono::seconds(1);
         d.source = decision_source::fail_closed;
         return d;
+      }
       case failure_policy::local: {
         local_fallback_.fetch_add(1, std::memory_order_relaxed);
         check_request local_req = req;
@@ -590,7 +582,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
         return l;
       }
     }
-    return d;
+    return error(errc::backend_unavailable, "no failure policy");
   }
 
   // --- deadlines --------------------------------------------------------------------------------

@@ -171,19 +171,7 @@ api_error backend_error(const error& e) {
 }
 
 decision disabled_decision(const sluice::rule& r) noexcept {
-  decision d;
-  d.allowed = true;
-  d.limit = r.limit.capacity();
-  d.remaining = d.limit;
-  d.source = decision_source::disabled;
-  if (r.tenant) {
-    d.dual_layer = true;
-    d.tenant = {r.tenant->capacity(), r.tenant->capacity()};
-    d.user = {r.limit.capacity(), r.limit.capacity()};
-    d.limit = std::min(d.tenant.limit, d.user.limit);
-    d.remaining = d.limit;
-  }
-  return d;
+  return full_capacity_decision(r, decision_source::disabled);
 }
 
 }  // namespace sluice::server

@@ -68,5 +68,36 @@ TEST(Error, CategoryAndMessages) {
   EXPECT_EQ(r.error(), errc::invalid_argument);
 }
 
+// Backend failures are one condition: callers tell them from a request that can never be admitted.
+TEST(ErrorCondition, BackendFailureCoversTheBackendCodesOnly) {
+  for (errc e : {errc::backend_unavailable, errc::backend_timeout, errc::backend_protocol, errc::backend_overloaded}) {
+    EXPECT_EQ(make_error_code(e), condition::backend_failure) << make_error_code(e).message();
+    EXPECT_TRUE(error(e, "x") == condition::backend_failure);
+  }
+  for (errc e : {errc::invalid_argument, errc::cost_exceeds_burst, errc::capacity_exhausted, errc::config_invalid}) {
+    EXPECT_NE(make_error_code(e), condition::backend_failure) << make_error_code(e).message();
+  }
+  EXPECT_NE(std::make_error_code(std::errc::timed_out), condition::backend_failure);
+}
+
+TEST(FullCapacityDecision, EveryLayerFullAndMarked) {
+  const rule single{.name = "s", .limit = token_bucket_policy(per_second(1), 60)};
+  decision d = full_capacity_decision(single, decision_source::disabled);
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.limit, 60);
+  EXPECT_EQ(d.remaining, 60);
+  EXPECT_FALSE(d.dual_layer);
+  EXPECT_EQ(d.source, decision_source::disabled);
+  const rule dual{.name = "d", .limit = sliding_window_policy(100, std::chrono::seconds(60)),
+                  .tenant = sliding_window_policy(1000, std::chrono::seconds(60))};
+  d = full_capacity_decision(dual, decision_source::fail_open);
+  EXPECT_TRUE(d.dual_layer);
+  EXPECT_EQ(d.tenant.remaining, 1000);
+  EXPECT_EQ(d.user.remaining, 100);
+  EXPECT_EQ(d.limit, 100);
+  EXPECT_EQ(d.remaining, 100);
+  EXPECT_EQ(d.source, decision_source::fail_open);
+}
+
 }  // namespace
 }  // namespace sluice
