@@ -33,6 +33,7 @@
 #include "redis/keys.hpp"
 #include "redis/scripts.hpp"
 #include "sluice/gcra.hpp"
+#include "sluice/host_port.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/prometheus.hpp"
 
@@ -58,28 +59,11 @@ result<endpoint> parse_address(std::string_view a) {
     if (e.host.empty()) return {errc::config_invalid, "redis address 'unix:' has no path"};
     return e;
   }
-  std::string_view host;
-  std::string_view port;
-  if (a.starts_with("[")) {
-    auto close = a.find(']');
-    if (close == std::string_view::npos || close + 1 >= a.size() || a[close + 1] != ':') {
-      return {errc::config_invalid, "redis address '" + std::string(a) + "' is not [host]:port"};
-    }
-    host = a.substr(1, close - 1);
-    port = a.substr(close + 2);
-  } else {
-    auto colon = a.rfind(':');
-    if (colon == std::string_view::npos) return {errc::config_invalid, "redis address '" + std::string(a) + "' has no port"};
-    host = a.substr(0, colon);
-    port = a.substr(colon + 1);
-  }
-  int p = 0;
-  auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (host.empty() || ec != std::errc() || end != port.data() + port.size() || p < 1 || p > 65535) {
-    return {errc::config_invalid, "redis address '" + std::string(a) + "' is not host:port with a port in 1-65535"};
-  }
-  e.host = std::string(host);
-  e.port = p;
+  auto hp = parse_host_port(a);
+  if (!hp) return {errc::config_invalid, "redis " + hp.error().message};
+  if (hp->port == 0) return {errc::config_invalid, "redis address '" + std::string(a) + "' has port 0"};
+  e.host = std::move(hp->host);
+  e.port = hp->port;
   return e;
 }
 

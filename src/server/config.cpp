@@ -1,5 +1,6 @@
 // TOML configuration loader for sluiced (toml++, header-only).
 #include "sluice/config.hpp"
+#include "sluice/host_port.hpp"
 
 #include <charconv>
 #include <cmath>
@@ -331,17 +332,7 @@ result<rule> read_rule(const section& s) {
   return r;
 }
 
-bool valid_listen(std::string_view a) {
-  auto colon = a.rfind(':');
-  if (colon == std::string_view::npos || colon == 0 || colon + 1 >= a.size()) return false;
-  std::string_view port = a.substr(colon + 1);
-  unsigned p = 0;
-  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
-  if (ec != std::errc{} || ptr != port.data() + port.size() || p > 65535) return false;
-  std::string_view host = a.substr(0, colon);
-  if (host.front() == '[') return host.size() > 2 && host.back() == ']';
-  return host.find(':') == std::string_view::npos;
-}
+bool valid_listen(std::string_view a) { return parse_host_port(a).ok(); }
 
 result<void> read_server(const section& s, config& out) {
   if (auto v = s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms",

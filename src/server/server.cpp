@@ -27,6 +27,7 @@
 #include <boost/beast/http.hpp>
 #include <spdlog/spdlog.h>
 
+#include "sluice/host_port.hpp"
 #include "sluice/http/headers.hpp"
 #include "sluice/rule_set.hpp"
 #include "sluice/prometheus.hpp"
@@ -192,11 +193,10 @@ file_stamp stamp_of(const std::string& path) {
 }
 
 result<tcp::endpoint> resolve_listen(const std::string& listen) {
-  auto colon = listen.rfind(':');
-  if (colon == std::string::npos) return error(errc::config_invalid, "listen address \"" + listen + "\" has no port");
-  std::string host = listen.substr(0, colon);
-  std::string port = listen.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  auto address = parse_host_port(listen);
+  if (!address) return address.error();
+  const std::string& host = address->host;
+  const std::string port = std::to_string(address->port);
   net::io_context io;
   tcp::resolver resolver(io);
   boost::system::error_code ec;
