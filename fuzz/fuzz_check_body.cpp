@@ -6,7 +6,7 @@
 #include <string_view>
 #include <variant>
 
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 #include "sluice/server/api.hpp"
 
 namespace {

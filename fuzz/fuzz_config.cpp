@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size > 64 * 1024) return 0;  // config files are small; keep each run fast

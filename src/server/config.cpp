@@ -1,5 +1,5 @@
 // TOML configuration loader for sluiced (toml++, header-only).
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 #include "sluice/host_port.hpp"
 
 #include <charconv>

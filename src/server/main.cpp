@@ -7,7 +7,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 #include "sluice/server/server.hpp"
 
 #ifndef SLUICE_VERSION

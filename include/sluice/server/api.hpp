@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "sluice/backend.hpp"
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 #include "sluice/decision.hpp"
 
 namespace sluice::server {

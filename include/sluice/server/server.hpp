@@ -15,7 +15,7 @@
 #include <string>
 
 #include "sluice/backend.hpp"
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 #include "sluice/error.hpp"
 
 namespace sluice::server {

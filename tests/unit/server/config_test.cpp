@@ -1,4 +1,4 @@
-#include "sluice/config.hpp"
+#include "sluice/server/config.hpp"
 
 #include <gtest/gtest.h>
 
