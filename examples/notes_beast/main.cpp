@@ -41,9 +41,6 @@
 #include <vector>
 
 #include "sluice/http/beast.hpp"
-#ifdef SLUICE_EXAMPLE_WITH_METRICS
-#include "sluice/server/metrics.hpp"
-#endif
 #include "sluice/memory_backend.hpp"
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -153,12 +150,10 @@ struct app {
     if (path == "/public" && method == bhttp::verb::get) {
       return reply(req, bhttp::status::ok, R"({"message": "hello"})");
     }
-#ifdef SLUICE_EXAMPLE_WITH_METRICS
     if (path == "/metrics" && method == bhttp::verb::get) {
-      std::string text = mw ? sluice::server::render_middleware_counters(mw->counters()) : std::string();
+      std::string text = mw ? sluice::http::render_prometheus(mw->counters()) : std::string();
       return reply(req, bhttp::status::ok, std::move(text), "text/plain; version=0.0.4");
     }
-#endif
     if (path == "/stats" && method == bhttp::verb::get) {
       json rules = json::array();
       if (mw) {

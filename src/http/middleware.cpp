@@ -1,5 +1,7 @@
 #include "sluice/http/middleware.hpp"
 
+#include "sluice/prometheus.hpp"
+
 #include <openssl/evp.h>
 
 #include <algorithm>
@@ -326,6 +328,20 @@ std::vector<rule_counters> middleware::counters() const {
                    .refused = counters_[i].refused.load(std::memory_order_relaxed),
                    .backend_errors = counters_[i].backend_errors.load(std::memory_order_relaxed),
                    .invalid = counters_[i].invalid.load(std::memory_order_relaxed)});
+  }
+  return out;
+}
+
+std::string render_prometheus(const std::vector<rule_counters>& counters) {
+  std::string out;
+  prometheus::family(out, "sluice_middleware_requests_total", "counter",
+                     "Requests the HTTP middleware checked, by rule and result.");
+  for (const rule_counters& c : counters) {
+    const std::string prefix = "sluice_middleware_requests_total{rule=\"" + prometheus::escape_label(c.rule) + "\",result=\"";
+    prometheus::sample(out, prefix + "admitted\"}", c.admitted);
+    prometheus::sample(out, prefix + "refused\"}", c.refused);
+    prometheus::sample(out, prefix + "backend_error\"}", c.backend_errors);
+    prometheus::sample(out, prefix + "invalid\"}", c.invalid);
   }
   return out;
 }

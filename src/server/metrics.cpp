@@ -186,18 +186,4 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   return out;
 }
 
-std::string render_middleware_counters(const std::vector<http::rule_counters>& counters) {
-  std::string out =
-      "# HELP sluice_middleware_requests_total Requests the HTTP middleware checked, by rule and result.\n"
-      "# TYPE sluice_middleware_requests_total counter\n";
-  for (const http::rule_counters& c : counters) {
-    const std::string prefix = "sluice_middleware_requests_total{rule=\"" + escape_label(c.rule) + "\",result=\"";
-    sample(out, prefix + "admitted\"}", c.admitted);
-    sample(out, prefix + "refused\"}", c.refused);
-    sample(out, prefix + "backend_error\"}", c.backend_errors);
-    sample(out, prefix + "invalid\"}", c.invalid);
-  }
-  return out;
-}
-
 }  // namespace sluice::server

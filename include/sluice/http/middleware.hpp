@@ -238,6 +238,11 @@ class middleware : public std::enable_shared_from_this<middleware> {
   bool completes_inline_ = false;
 };
 
+/// The per-rule counters in the Prometheus text format (sluice/prometheus.hpp), for a service's own
+/// /metrics route: `sluice_middleware_requests_total{rule, result}` with result admitted, refused,
+/// backend_error or invalid (invalid requests are also counted as refused).
+std::string render_prometheus(const std::vector<rule_counters>& counters);
+
 /// The JSON body of a refusal: {"code": code, "message": message, "retry_after": seconds}.
 std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds);
 

@@ -26,7 +26,6 @@
 
 #include "sluice/decision.hpp"
 #include "sluice/error.hpp"
-#include "sluice/http/middleware.hpp"
 
 namespace sluice::server {
 
@@ -100,10 +99,5 @@ class metrics {
   std::atomic<std::uint64_t> reloads_failed_{0};
   std::array<std::atomic<std::uint64_t>, 600> responses_{};  // by status code, lock-free
 };
-
-/// The HTTP middleware's per-rule counters in the same exposition format, for a service that wants
-/// its own /metrics route: `sluice_middleware_requests_total{rule, result}` with result admitted,
-/// refused, backend_error or invalid (invalid requests are also counted as refused).
-std::string render_middleware_counters(const std::vector<http::rule_counters>& counters);
 
 }  // namespace sluice::server

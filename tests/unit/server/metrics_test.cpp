@@ -1,4 +1,5 @@
 #include "sluice/server/metrics.hpp"
+#include "sluice/http/middleware.hpp"
 
 #include <gtest/gtest.h>
 
@@ -52,7 +53,7 @@ TEST(Metrics, TenantLabelsAreCappedAndEscaped) {
 TEST(Metrics, MiddlewareCountersInTheSameFormat) {
   std::vector<http::rule_counters> counters{{.rule = "api", .admitted = 7, .refused = 2, .backend_errors = 1, .invalid = 1},
                                             {.rule = "we\"ird", .admitted = 0}};
-  std::string text = render_middleware_counters(counters);
+  std::string text = http::render_prometheus(counters);
   EXPECT_NE(text.find("# TYPE sluice_middleware_requests_total counter\n"), std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"admitted\"} 7\n"), std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"refused\"} 2\n"), std::string::npos);
