@@ -29,6 +29,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/log_throttle.hpp"
 #include "redis/asio_hiredis.hpp"
 #include "redis/keys.hpp"
 #include "redis/scripts.hpp"
@@ -168,25 +169,16 @@ using op_ptr = std::shared_ptr<op>;
 // the next line, at most one line per interval.
 class error_log {
  public:
-  explicit error_log(std::chrono::milliseconds interval) : interval_(interval) {}
+  explicit error_log(std::chrono::milliseconds interval) : throttle_(interval) {}
 
   void report(std::string_view what) {
-    std::lock_guard lock(mu_);
-    ++unreported_;
-    auto now = steady::now();
-    if (logged_once_ && now - last_ < interval_) return;
-    spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", what, unreported_);
-    unreported_ = 0;
-    last_ = now;
-    logged_once_ = true;
+    if (std::uint64_t n = throttle_.occurred()) {
+      spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", what, n);
+    }
   }
 
  private:
-  std::mutex mu_;
-  std::chrono::milliseconds interval_;
-  steady::time_point last_{};
-  std::uint64_t unreported_ = 0;
-  bool logged_once_ = false;
+  detail::log_throttle throttle_;
 };
 
 class redis_core : public std::enable_shared_from_this<redis_core> {

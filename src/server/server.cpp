@@ -33,6 +33,7 @@
 #include "sluice/prometheus.hpp"
 #include "sluice/server/api.hpp"
 #include "sluice/server/metrics.hpp"
+#include "core/log_throttle.hpp"
 #include "server/request_limits.hpp"
 
 namespace sluice::server {
@@ -86,31 +87,6 @@ std::string log_value(std::string_view v) {
   out += '"';
   return out;
 }
-
-// A log line that may repeat at a high rate (accept failures, handler exceptions): the first one is
-// logged at once, then at most one per interval, carrying the count of those not logged.
-class throttled_log {
- public:
-  explicit throttled_log(std::chrono::seconds interval) : interval_(interval) {}
-
-  // Returns the number of occurrences to report (this one included), or 0 when it is only counted.
-  std::uint64_t occurred() {
-    std::lock_guard lock(mu_);
-    ++count_;
-    const auto now = steady::now();
-    if (logged_ && now - last_ < interval_) return 0;
-    logged_ = true;
-    last_ = now;
-    return std::exchange(count_, 0);
-  }
-
- private:
-  std::mutex mu_;
-  std::chrono::seconds interval_;
-  steady::time_point last_{};
-  std::uint64_t count_ = 0;
-  bool logged_ = false;
-};
 
 // `log_rejections`: the first lines of each second are logged in full; the rest are counted per
 // rule and reported once a second by flush(), so a flood of refusals cannot flood the log.
@@ -644,8 +620,8 @@ class service {
   steady::time_point pending_since_;
   steady::time_point last_sweep_ = steady::now();
   std::size_t max_open_per_worker_ = 1;
-  throttled_log accept_failures_{std::chrono::seconds(10)};
-  throttled_log handler_exceptions_{std::chrono::seconds(10)};
+  detail::log_throttle accept_failures_{std::chrono::seconds(10)};
+  detail::log_throttle handler_exceptions_{std::chrono::seconds(10)};
   rejection_log rejections_;
   std::atomic<bool> draining_{false};
   std::atomic<int> workers_to_drain_{0};
