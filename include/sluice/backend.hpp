@@ -101,8 +101,8 @@ class backend {
   /// may then skip what waiting on another thread would need. Default: false.
   virtual bool completes_inline() const noexcept { return false; }
 
-  /// Called when a rule's parameters change or it is removed, so state kept for it can be dropped.
-  /// Default: nothing.
+  /// Drops the state a backend keeps for checks of `rule_name` made without a prepared rule (a
+  /// prepared rule's state goes with the prepared rule). Default: nothing.
   virtual void forget_rule(std::string_view /*rule_name*/) {}
 
   /// Appends the backend's own metrics to `prometheus_text` (sluice/prometheus.hpp): live keys and
