@@ -137,6 +137,18 @@ TEST(RedisFaultTest, DebugSleepTakesTheTimeoutPathThenTheBreakerFailsFast) {
   EXPECT_TRUE(time_until_redis_decides(backend, 3s).has_value());
 }
 
+// A rule of capacity n for each single-layer script and one dual-layer script, nothing refilling
+// while a test runs.
+std::vector<rule> one_rule_per_script(std::int64_t n) {
+  return {
+      {.name = "tb", .limit = token_bucket_policy(per_second(0.001), n)},
+      {.name = "swl", .limit = sliding_window_policy(n, 1min)},
+      {.name = "swc", .limit = sliding_window_counter_policy(n, 1min)},
+      {.name = "fw", .limit = fixed_window_policy(n, 1h)},
+      {.name = "dual", .limit = sliding_window_policy(n, 1min), .tenant = fixed_window_policy(n, 1h)},
+  };
+}
+
 // Checks sent while Redis stalls were answered by on_error; when Redis wakes up their scripts run
 // past their deadline and must record nothing (with on_error = deny, applying them would lock the
 // key out for a whole window on top of the refusals already given).
@@ -149,13 +161,7 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
   ASSERT_TRUE(b.ok());
   auto& backend = **b;
   ASSERT_TRUE(time_until_redis_decides(backend, 5s).has_value());
-  const rule rules[] = {
-      {.name = "tb", .limit = token_bucket_policy(per_second(0.001), 3)},
-      {.name = "swl", .limit = sliding_window_policy(3, 1min)},
-      {.name = "swc", .limit = sliding_window_counter_policy(3, 1min)},
-      {.name = "fw", .limit = fixed_window_policy(3, 1h)},
-      {.name = "dual", .limit = sliding_window_policy(3, 1min), .tenant = fixed_window_policy(3, 1h)},
-  };
+  const std::vector<rule> rules = one_rule_per_script(3);
   auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "1"}); });
   std::this_thread::sleep_for(100ms);  // let the server fall asleep
   for (const rule& r : rules) {
@@ -189,13 +195,7 @@ TEST(RedisFaultTest, OutOfMemoryRefusesEveryScriptAndReadinessFollows) {
   redis.command({"FLUSHALL"});
   redis.command({"SET", "filler", std::string(4 << 20, 'x')});
   redis.command({"CONFIG", "SET", "maxmemory", "2mb"});
-  const rule rules[] = {
-      {.name = "tb", .limit = token_bucket_policy(per_second(1), 10)},
-      {.name = "swl", .limit = sliding_window_policy(10, 1min)},
-      {.name = "swc", .limit = sliding_window_counter_policy(10, 1min)},
-      {.name = "fw", .limit = fixed_window_policy(10, 1h)},
-      {.name = "dual", .limit = sliding_window_policy(10, 1min), .tenant = sliding_window_policy(100, 1min)},
-  };
+  const std::vector<rule> rules = one_rule_per_script(10);
   for (int i = 0; i < 50; ++i) {
     for (const rule& r : rules) {
       auto d = backend.check({.rule = &r, .key = "k" + std::to_string(i), .tenant = "t", .user = std::to_string(i)});
