@@ -133,7 +133,7 @@ run_result drive(sluice::backend& b, const sluice::rule& r, const std::vector<st
 int main(int argc, char** argv) {
   options o;
   if (argc == 3 && std::string_view(argv[1]) == "--script-body") {
-    for (const auto& s : sluice::redis_detail::scripts()) {
+    for (const auto& s : sluice::detail::scripts()) {
       if (s.name == argv[2]) {
         std::fputs(s.body.c_str(), stdout);
         return 0;

@@ -29,7 +29,7 @@
 
 namespace sluice {
 
-namespace asio_detail {
+namespace detail {
 
 // Holds a (possibly move-only) handler and keeps its executor busy until the check completes.
 template <class Handler>
@@ -43,14 +43,14 @@ struct pending_check {
   boost::asio::executor_work_guard<executor_type> work;
 };
 
-}  // namespace asio_detail
+}  // namespace detail
 
 template <class CompletionToken>
 auto async_check(backend& b, const check_request& request, CompletionToken&& token) {
   return boost::asio::async_initiate<CompletionToken, void(result<decision>)>(
       [](auto handler, backend* be, check_request req) {
         using handler_type = decltype(handler);
-        auto state = std::make_shared<asio_detail::pending_check<handler_type>>(std::move(handler));
+        auto state = std::make_shared<detail::pending_check<handler_type>>(std::move(handler));
         // A backend may complete inline (the memory backend does): Asio's rule is that a handler
         // never runs inside the initiating call, so an inline completion is posted.
         auto initiating = std::make_shared<std::atomic<bool>>(true);

@@ -5,7 +5,7 @@
 // hiredis call, these handlers included, runs on the given strand.
 //
 //   redisAsyncContext* ac = redisAsyncConnect("127.0.0.1", 6379);
-//   sluice::redis_detail::attach(ac, strand);   // then redisAsyncCommand... on the strand
+//   sluice::detail::attach(ac, strand);   // then redisAsyncCommand... on the strand
 //
 // Not thread-safe: use the context only on its strand.
 #pragma once
@@ -18,9 +18,11 @@
 #include <boost/asio/strand.hpp>
 #include <memory>
 
-namespace sluice::redis_detail {
+namespace sluice::detail {
 
-using strand_type = boost::asio::strand<boost::asio::io_context::executor_type>;
+namespace asio = boost::asio;
+
+using strand_type = asio::strand<asio::io_context::executor_type>;
 
 class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_adapter> {
  public:
@@ -29,12 +31,12 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
 
   void add_read() {
     reading_ = true;
-    arm(read_armed_, boost::asio::posix::stream_descriptor::wait_read);
+    arm(read_armed_, asio::posix::stream_descriptor::wait_read);
   }
   void del_read() { reading_ = false; }
   void add_write() {
     writing_ = true;
-    arm(write_armed_, boost::asio::posix::stream_descriptor::wait_write);
+    arm(write_armed_, asio::posix::stream_descriptor::wait_write);
   }
   void del_write() { writing_ = false; }
 
@@ -48,18 +50,18 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
   }
 
  private:
-  void arm(bool& armed, boost::asio::posix::stream_descriptor::wait_type type) {
+  void arm(bool& armed, asio::posix::stream_descriptor::wait_type type) {
     if (armed || ac_ == nullptr) return;
     armed = true;
-    socket_.async_wait(type, boost::asio::bind_executor(strand_, [self = shared_from_this(), type](boost::system::error_code ec) {
+    socket_.async_wait(type, asio::bind_executor(strand_, [self = shared_from_this(), type](boost::system::error_code ec) {
                          self->on_ready(type, ec);
                        }));
   }
 
-  void on_ready(boost::asio::posix::stream_descriptor::wait_type type, boost::system::error_code ec) {
-    const bool read = type == boost::asio::posix::stream_descriptor::wait_read;
+  void on_ready(asio::posix::stream_descriptor::wait_type type, boost::system::error_code ec) {
+    const bool read = type == asio::posix::stream_descriptor::wait_read;
     (read ? read_armed_ : write_armed_) = false;
-    if (ac_ == nullptr || ec == boost::asio::error::operation_aborted) return;
+    if (ac_ == nullptr || ec == asio::error::operation_aborted) return;
     if (read ? !reading_ : !writing_) return;
     // Either call may free the context, which calls cleanup() and clears ac_.
     if (read) {
@@ -73,7 +75,7 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
 
   redisAsyncContext* ac_;
   strand_type strand_;
-  boost::asio::posix::stream_descriptor socket_;
+  asio::posix::stream_descriptor socket_;
   bool reading_ = false;
   bool writing_ = false;
   bool read_armed_ = false;
@@ -96,4 +98,4 @@ inline void attach(redisAsyncContext* ac, const strand_type& strand) {
   };
 }
 
-}  // namespace sluice::redis_detail
+}  // namespace sluice::detail

@@ -1,6 +1,6 @@
 #include "redis/keys.hpp"
 
-namespace sluice::redis_detail {
+namespace sluice::detail {
 
 std::string encode_id(std::string_view id) {
   static constexpr char hex[] = "0123456789ABCDEF";
@@ -65,4 +65,4 @@ std::string user_key(std::string_view prefix, std::string_view rule, std::string
   return k;
 }
 
-}  // namespace sluice::redis_detail
+}  // namespace sluice::detail

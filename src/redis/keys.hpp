@@ -17,7 +17,7 @@
 
 #include "sluice/policy.hpp"
 
-namespace sluice::redis_detail {
+namespace sluice::detail {
 
 /// Percent-encodes `id` as described above.
 std::string encode_id(std::string_view id);
@@ -30,4 +30,4 @@ std::string tenant_key(std::string_view prefix, std::string_view rule, std::stri
 std::string user_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view user,
                      algorithm a);
 
-}  // namespace sluice::redis_detail
+}  // namespace sluice::detail

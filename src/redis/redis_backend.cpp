@@ -42,8 +42,8 @@ namespace sluice {
 namespace {
 
 namespace asio = boost::asio;
-using redis_detail::scripts;
-using redis_detail::strand_type;
+using detail::scripts;
+using detail::strand_type;
 using steady = std::chrono::steady_clock;
 
 struct endpoint {
@@ -238,8 +238,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     auto p = std::make_shared<redis_prepared_rule>(r, owner);
     p->dual = r.is_dual_layer();
     p->limit = r.limit.capacity();
-    p->script = p->dual ? redis_detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
-                        : redis_detail::single_script(r.limit.algorithm);
+    p->script = p->dual ? detail::dual_script(r.tenant->algorithm, r.limit.algorithm)
+                        : detail::single_script(r.limit.algorithm);
     if (p->dual) {
       p->tenant_limit = r.tenant->capacity();
       append_params(p->params, *r.tenant);
@@ -328,11 +328,11 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     o.rest = c.size();
     if (p.dual) {
       bulk(c, "2");
-      bulk(c, redis_detail::tenant_key(options_.key_prefix, r.name, o.req.tenant, r.tenant->algorithm));
-      bulk(c, redis_detail::user_key(options_.key_prefix, r.name, o.req.tenant, o.req.user, r.limit.algorithm));
+      bulk(c, detail::tenant_key(options_.key_prefix, r.name, o.req.tenant, r.tenant->algorithm));
+      bulk(c, detail::user_key(options_.key_prefix, r.name, o.req.tenant, o.req.user, r.limit.algorithm));
     } else {
       bulk(c, "1");
-      bulk(c, redis_detail::single_key(options_.key_prefix, r.name, o.req.key, r.limit.algorithm));
+      bulk(c, detail::single_key(options_.key_prefix, r.name, o.req.key, r.limit.algorithm));
     }
     bulk(c, now);
     bulk(c, o.req.cost);
@@ -634,7 +634,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
       return trip(why);
     }
     ac->data = this;
-    redis_detail::attach(ac, strand_);
+    detail::attach(ac, strand_);
     redisAsyncSetConnectCallback(ac, &redis_core::on_connect);
     redisAsyncSetDisconnectCallback(ac, &redis_core::on_disconnect);
     ac_ = ac;

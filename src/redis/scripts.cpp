@@ -3,7 +3,7 @@
 #include <boost/uuid/detail/sha1.hpp>
 #include <cstdio>
 
-namespace sluice::redis_detail {
+namespace sluice::detail {
 namespace {
 
 // Shared by every script: `now` (µs, from TIME unless a test passes it), the cost and the deadline.
@@ -310,4 +310,4 @@ const std::array<script, script_count>& scripts() {
   return all;
 }
 
-}  // namespace sluice::redis_detail
+}  // namespace sluice::detail

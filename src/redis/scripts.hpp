@@ -23,7 +23,7 @@
 
 #include "sluice/policy.hpp"
 
-namespace sluice::redis_detail {
+namespace sluice::detail {
 
 inline constexpr std::size_t algorithm_count = 4;
 /// 4 single-layer scripts, then 16 dual-layer ones.
@@ -49,4 +49,4 @@ constexpr std::size_t dual_script(algorithm tenant, algorithm user) noexcept {
 /// Lowercase hex SHA1 of `text`.
 std::string sha1_hex(std::string_view text);
 
-}  // namespace sluice::redis_detail
+}  // namespace sluice::detail

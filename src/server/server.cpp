@@ -42,10 +42,10 @@ namespace {
 
 namespace beast = boost::beast;
 namespace bhttp = boost::beast::http;
-namespace net = boost::asio;
-using tcp = net::ip::tcp;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
 using steady = std::chrono::steady_clock;
-using executor = net::io_context::executor_type;
+using executor = asio::io_context::executor_type;
 
 constexpr auto idle_timeout = std::chrono::seconds(60);
 constexpr auto write_timeout = std::chrono::seconds(30);
@@ -173,7 +173,7 @@ result<tcp::endpoint> resolve_listen(const std::string& listen) {
   if (!address) return address.error();
   const std::string& host = address->host;
   const std::string port = std::to_string(address->port);
-  net::io_context io;
+  asio::io_context io;
   tcp::resolver resolver(io);
   boost::system::error_code ec;
   auto results = resolver.resolve(host, port, tcp::resolver::passive | tcp::resolver::numeric_service, ec);
@@ -192,8 +192,8 @@ struct worker {
   // Connections accepted for this worker whose session has not ended yet. Declared before `io`:
   // sessions still held by its handlers decrement it as the io_context is destroyed.
   std::size_t open = 0;
-  net::io_context io{1};
-  net::steady_timer sweep_timer{io};
+  asio::io_context io{1};
+  asio::steady_timer sweep_timer{io};
   std::vector<std::weak_ptr<session>> sessions;
   // This thread's reference to the current config, with its own reference count (see
   // service::current_for), and the config version it holds.
@@ -208,7 +208,7 @@ std::int64_t coarse_now_ns() { return to_ns(coarse_clock().now()); }
 // backend completions from other threads are posted back to it.
 class session : public std::enable_shared_from_this<session> {
  public:
-  session(net::basic_stream_socket<tcp, executor>&& socket, service& svc, worker& w)
+  session(asio::basic_stream_socket<tcp, executor>&& socket, service& svc, worker& w)
       : socket_(std::move(socket)), svc_(svc), worker_(w) {
     ++worker_.open;  // constructed and destroyed on the worker's thread
   }
@@ -265,7 +265,7 @@ class session : public std::enable_shared_from_this<session> {
   void close();
   void discard();
 
-  net::basic_stream_socket<tcp, executor> socket_;
+  asio::basic_stream_socket<tcp, executor> socket_;
   service& svc_;
   worker& worker_;
   std::int64_t deadline_ns_ = std::numeric_limits<std::int64_t>::max();
@@ -341,9 +341,9 @@ class service {
   int run(const tcp::endpoint& endpoint, unsigned threads) {
     beast::error_code ec;
     acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
     if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec) {
       spdlog::error("event=listen_failed address={} error={}", log_value(endpoint_text(endpoint)), log_value(ec.message()));
       return 1;
@@ -391,7 +391,7 @@ class service {
 
   // An exception escaping a handler (one connection's) is logged and the loop goes on: no request
   // can end the process. The handler's connection is closed as its session is destroyed.
-  void run_guarded(net::io_context& io) {
+  void run_guarded(asio::io_context& io) {
     for (;;) {
       try {
         io.run();
@@ -419,21 +419,21 @@ class service {
   // meanwhile) and the failure is logged once per interval with its count.
   void do_accept() {
     worker& target = *workers_[next_++ % workers_.size()];
-    acceptor_.async_accept(target.io, [this, &target](beast::error_code ec, net::basic_stream_socket<tcp, executor> socket) {
+    acceptor_.async_accept(target.io, [this, &target](beast::error_code ec, asio::basic_stream_socket<tcp, executor> socket) {
       if (ec) {
         if (!acceptor_.is_open()) return;  // draining
         if (std::uint64_t n = accept_failures_.occurred()) {
           spdlog::warn("event=accept_failed error={} count={}", log_value(ec.message()), n);
         }
-        if (ec == net::error::no_descriptors || ec == net::error::no_buffer_space ||
-            ec == net::error::no_memory) {
+        if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
+            ec == asio::error::no_memory) {
           accept_retry_timer_.expires_after(accept_backoff);
           accept_retry_timer_.async_wait([this](beast::error_code) { do_accept(); });
           return;
         }
       } else {
         socket.set_option(tcp::no_delay(true), ec);
-        net::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
+        asio::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
           std::make_shared<session>(std::move(socket), *this, target)->start(max_open_per_worker_);
         });
       }
@@ -570,7 +570,7 @@ class service {
     // Each worker tells its connections; until all have, "nothing in flight" proves nothing.
     workers_to_drain_.store(static_cast<int>(workers_.size()));
     for (auto& w : workers_) {
-      net::post(w->io, [this, &w = *w] {
+      asio::post(w->io, [this, &w = *w] {
         for (const auto& weak : w.sessions) {
           if (auto s = weak.lock()) s->drain();
         }
@@ -600,9 +600,9 @@ class service {
   // Declared first (but for the above), destroyed last: an accept pending on ioc_ holds a socket of
   // a worker's io_context, so every worker io_context must outlive ioc_.
   std::vector<std::unique_ptr<worker>> workers_;
-  std::vector<net::executor_work_guard<executor>> guards_;
+  std::vector<asio::executor_work_guard<executor>> guards_;
   std::string config_path_;
-  net::io_context ioc_{1};
+  asio::io_context ioc_{1};
   std::unique_ptr<backend> backend_;
   server::metrics metrics_;
   std::mutex mu_;
@@ -610,11 +610,11 @@ class service {
   std::atomic<std::uint64_t> version_{0};
   std::mutex reload_mu_;
   tcp::acceptor acceptor_;
-  net::signal_set signals_;
-  net::steady_timer watch_timer_;
-  net::steady_timer drain_timer_;
-  net::steady_timer accept_retry_timer_{ioc_};
-  net::steady_timer housekeeping_timer_{ioc_};
+  asio::signal_set signals_;
+  asio::steady_timer watch_timer_;
+  asio::steady_timer drain_timer_;
+  asio::steady_timer accept_retry_timer_{ioc_};
+  asio::steady_timer housekeeping_timer_{ioc_};
   file_stamp stamp_;
   std::optional<file_stamp> pending_stamp_;  // a change waiting to settle
   steady::time_point pending_since_;
@@ -716,7 +716,7 @@ void session::on_header(beast::error_code ec, std::size_t) {
   const auto& h = parser_->get();
   if (!parser_->is_done() && beast::iequals(h[bhttp::field::expect], "100-continue")) {
     static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
-    net::async_write(socket_, net::buffer(continue_line.data(), continue_line.size()),
+    asio::async_write(socket_, asio::buffer(continue_line.data(), continue_line.size()),
                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
                        if (ec) return self->close();
                        self->read_body();
@@ -793,7 +793,7 @@ void session::handle_check() {
       // Inline completions (memory backend) run here and now; Redis completes on its own thread
       // and is posted back to this connection's thread.
       auto ex = self->socket_.get_executor();
-      net::dispatch(ex, [self, i, r = std::move(r)]() mutable { self->on_check_done(i, std::move(r)); });
+      asio::dispatch(ex, [self, i, r = std::move(r)]() mutable { self->on_check_done(i, std::move(r)); });
     });
   }
   if (--outstanding_ == 0) finish_check();
@@ -888,7 +888,7 @@ void session::reply(bhttp::status status, std::string_view body, std::string_vie
   if (req_.method() != bhttp::verb::head) out_ += body;
   svc_.stats().record_response(code);
   set_deadline(write_timeout);
-  net::async_write(socket_, net::buffer(out_),
+  asio::async_write(socket_, asio::buffer(out_),
                    beast::bind_front_handler(&session::on_write, shared_from_this(), !keep_alive));
 }
 
@@ -926,7 +926,7 @@ void session::discard() {
     socket_.close(ec);
     return;
   }
-  socket_.async_read_some(net::buffer(discard_buf_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+  socket_.async_read_some(asio::buffer(discard_buf_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
     self->discarded_ += n;
     if (ec) {
       beast::error_code ignored;

@@ -31,6 +31,7 @@
 namespace sluice {
 namespace {
 
+namespace asio = boost::asio;
 using namespace std::chrono_literals;
 using testing::redis_server;
 
@@ -239,7 +240,7 @@ TEST_F(RedisBackendTest, TokenBucketFigures) {
   clock_.advance(100ms);
   EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "u"})).allowed);
   // A refusal takes nothing; one key is one string.
-  EXPECT_EQ(redis_->string({"TYPE", redis_detail::single_key("sluice:", "api", "u", algorithm::token_bucket)}), "string");
+  EXPECT_EQ(redis_->string({"TYPE", detail::single_key("sluice:", "api", "u", algorithm::token_bucket)}), "string");
 }
 
 TEST_F(RedisBackendTest, SlidingWindowLogResetAtIsOldestPlusWindow) {
@@ -265,7 +266,7 @@ TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
   auto b = make();
   rule r{.name = "burst", .limit = sliding_window_policy(10, 1min)};
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 2})).allowed);
-  const std::string key = redis_detail::single_key("sluice:", "burst", "k", algorithm::sliding_window_log);
+  const std::string key = detail::single_key("sluice:", "burst", "k", algorithm::sliding_window_log);
   EXPECT_EQ(redis_->log_units(key), 8);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);  // one instant: one entry
   decision d = expect_decision(b->check({.rule = &r, .key = "k", .cost = 3}));
@@ -279,7 +280,7 @@ TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
 TEST_F(RedisBackendTest, SlidingWindowLogWorkAndMemoryAreIndependentOfCost) {
   auto b = make();
   rule r{.name = "huge", .limit = sliding_window_policy(1'000'000, 1h)};
-  const std::string key = redis_detail::single_key("sluice:", "huge", "k", algorithm::sliding_window_log);
+  const std::string key = detail::single_key("sluice:", "huge", "k", algorithm::sliding_window_log);
   redis_->command({"CONFIG", "RESETSTAT"});
   EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
@@ -337,15 +338,15 @@ TEST_F(RedisBackendTest, EveryKeyHasATimeToLive) {
     EXPECT_LE(ttl, 60'000) << k;
   }
   // The bucket's key lives until it is full again: 3 tokens at 2/s.
-  EXPECT_LE(redis_->integer({"PTTL", redis_detail::single_key("sluice:", "tb", "k", algorithm::token_bucket)}), 1500);
+  EXPECT_LE(redis_->integer({"PTTL", detail::single_key("sluice:", "tb", "k", algorithm::token_bucket)}), 1500);
 }
 
 TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
   auto b = make();
   rule r{.name = "api", .limit = sliding_window_policy(2, 1min), .tenant = sliding_window_policy(3, 1min)};
-  const std::string tenant_key = redis_detail::tenant_key("sluice:", "api", "acme", algorithm::sliding_window_log);
-  const std::string alice_key = redis_detail::user_key("sluice:", "api", "acme", "alice", algorithm::sliding_window_log);
-  const std::string bob_key = redis_detail::user_key("sluice:", "api", "acme", "bob", algorithm::sliding_window_log);
+  const std::string tenant_key = detail::tenant_key("sluice:", "api", "acme", algorithm::sliding_window_log);
+  const std::string alice_key = detail::user_key("sluice:", "api", "acme", "alice", algorithm::sliding_window_log);
+  const std::string bob_key = detail::user_key("sluice:", "api", "acme", "bob", algorithm::sliding_window_log);
   auto check = [&](std::string_view user) {
     return expect_decision(b->check({.rule = &r, .tenant = "acme", .user = user}));
   };
@@ -403,10 +404,10 @@ TEST_F(RedisBackendTest, HostileIdsNeitherCollideNorBreakTheHashTag) {
   }
   // A tenant's user keys share the tenant key's slot, whatever the ids.
   const std::string hostile = "a}:user:b";
-  const std::string t = redis_detail::tenant_key("sluice:", "d", hostile, algorithm::fixed_window);
-  EXPECT_EQ(hash_tag(t), hash_tag(redis_detail::user_key("sluice:", "d", hostile, "}{", algorithm::fixed_window)));
+  const std::string t = detail::tenant_key("sluice:", "d", hostile, algorithm::fixed_window);
+  EXPECT_EQ(hash_tag(t), hash_tag(detail::user_key("sluice:", "d", hostile, "}{", algorithm::fixed_window)));
   EXPECT_EQ(hash_tag(t), "a%7D%3Auser%3Ab");
-  EXPECT_EQ(hash_tag(redis_detail::single_key("sluice:", "r", hostile, algorithm::fixed_window)), "r:a%7D%3Auser%3Ab");
+  EXPECT_EQ(hash_tag(detail::single_key("sluice:", "r", hostile, algorithm::fixed_window)), "r:a%7D%3Auser%3Ab");
 }
 
 // Every id of up to 3 bytes over an alphabet of the troublesome bytes: no two requests share a key,
@@ -431,21 +432,21 @@ TEST(RedisKeyEncodingTest, DistinctRequestsNeverShareAKey) {
     EXPECT_TRUE(inserted || it->second == r) << "two requests share " << key;
   };
   for (const auto& a : ids) {
-    add(redis_detail::single_key("p:", "r", a, algorithm::fixed_window), {0, "r", a, ""});
-    add(redis_detail::single_key("p:", a, "k", algorithm::fixed_window), {0, a, "k", ""});
-    add(redis_detail::tenant_key("p:", "r", a, algorithm::fixed_window), {1, "r", a, ""});
-    add(redis_detail::tenant_key("p:", a, "t", algorithm::fixed_window), {1, a, "t", ""});
-    add(redis_detail::user_key("p:", "r", a, "u", algorithm::fixed_window), {2, "r", a, "u"});
-    add(redis_detail::user_key("p:", "r", "t", a, algorithm::fixed_window), {2, "r", "t", a});
-    add(redis_detail::user_key("p:", a, "t", "u", algorithm::fixed_window), {2, a, "t", "u"});
+    add(detail::single_key("p:", "r", a, algorithm::fixed_window), {0, "r", a, ""});
+    add(detail::single_key("p:", a, "k", algorithm::fixed_window), {0, a, "k", ""});
+    add(detail::tenant_key("p:", "r", a, algorithm::fixed_window), {1, "r", a, ""});
+    add(detail::tenant_key("p:", a, "t", algorithm::fixed_window), {1, a, "t", ""});
+    add(detail::user_key("p:", "r", a, "u", algorithm::fixed_window), {2, "r", a, "u"});
+    add(detail::user_key("p:", "r", "t", a, algorithm::fixed_window), {2, "r", "t", a});
+    add(detail::user_key("p:", a, "t", "u", algorithm::fixed_window), {2, a, "t", "u"});
   }
   std::set<request> distinct;
   for (const auto& [key, r] : seen) distinct.insert(r);
   EXPECT_EQ(seen.size(), distinct.size());
   EXPECT_GT(seen.size(), ids.size() * 6);
   // The algorithm is part of the key: a rule changing algorithm never reads the old state.
-  EXPECT_NE(redis_detail::single_key("p:", "r", "k", algorithm::fixed_window),
-            redis_detail::single_key("p:", "r", "k", algorithm::sliding_window_counter));
+  EXPECT_NE(detail::single_key("p:", "r", "k", algorithm::fixed_window),
+            detail::single_key("p:", "r", "k", algorithm::sliding_window_counter));
 }
 
 TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {
@@ -529,23 +530,23 @@ TEST_F(RedisBackendTest, CompletionTokens) {
   check_request req{.rule = &r, .key = "k"};
   for (backend* be : {static_cast<backend*>(b.get()), static_cast<backend*>(memory.get())}) {
     // use_future
-    std::future<result<decision>> f = async_check(*be, req, boost::asio::use_future);
+    std::future<result<decision>> f = async_check(*be, req, asio::use_future);
     EXPECT_TRUE(expect_decision(f.get()).allowed);
     // callback and use_awaitable on an io_context the test runs
-    boost::asio::io_context io;
+    asio::io_context io;
     std::atomic<int> callbacks{0};
     async_check(*be, req, [&](result<decision> d) {
       EXPECT_TRUE(expect_decision(std::move(d)).allowed);
       ++callbacks;
     });
     std::int64_t remaining = -1;
-    boost::asio::co_spawn(
+    asio::co_spawn(
         io,
-        [&]() -> boost::asio::awaitable<void> {
-          result<decision> d = co_await async_check(*be, req, boost::asio::use_awaitable);
+        [&]() -> asio::awaitable<void> {
+          result<decision> d = co_await async_check(*be, req, asio::use_awaitable);
           remaining = expect_decision(std::move(d)).remaining;
         },
-        boost::asio::detached);
+        asio::detached);
     io.run();  // returns once the awaited check completed (its work guard kept io running)
     EXPECT_GE(remaining, 0);
     // The plain callback ran on its own executor (system), so wait for it boundedly.
@@ -574,15 +575,15 @@ TEST_F(RedisBackendTest, AsyncChecksArePipelinedAndAllComplete) {
 }
 
 TEST_F(RedisBackendTest, RunsOnTheCallersIoContext) {
-  boost::asio::io_context io;
-  auto work = boost::asio::make_work_guard(io);
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
   std::thread runner([&] { io.run(); });
   rule r{.name = "r", .limit = fixed_window_policy(2, 1min)};
   {
     auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
     EXPECT_TRUE(expect_decision((*b)->check({.rule = &r, .key = "k"})).allowed);
-    std::future<result<decision>> f = async_check(**b, {.rule = &r, .key = "k"}, boost::asio::use_future);
+    std::future<result<decision>> f = async_check(**b, {.rule = &r, .key = "k"}, asio::use_future);
     EXPECT_EQ(expect_decision(f.get()).remaining, 0);
   }  // destroyed while the io_context runs
   work.reset();
@@ -775,13 +776,13 @@ TEST_F(RedisBackendTest, DestroyingOnAStoppedIoContextClosesTheConnection) {
   auto open_fds = [] {
     return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
   };
-  boost::asio::io_context io;
-  boost::asio::steady_timer reactor_up(io);  // the io_context's own fds (epoll, eventfd, timerfd) exist from here
+  asio::io_context io;
+  asio::steady_timer reactor_up(io);  // the io_context's own fds (epoll, eventfd, timerfd) exist from here
   rule r{.name = "r", .limit = fixed_window_policy(100, 1min)};
   const auto before = open_fds();
   for (int i = 0; i < 3; ++i) {
     io.restart();
-    auto work = boost::asio::make_work_guard(io);
+    auto work = asio::make_work_guard(io);
     std::thread runner([&] { io.run(); });
     auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
