@@ -5,6 +5,11 @@
 // `sluice::errc` category plus a message naming the offending parameter). A refusal by a limiter is
 // not an error: it is a `decision` with `allowed == false`.
 //
+// Reading the value of a result that holds an error (or the error of one that holds a value) is a
+// programming error, not a runtime one: it is a checked precondition, always on, that writes the
+// held error's message to stderr and calls std::abort() — never an exception. Check `ok()` first,
+// or call value() only where an error cannot happen (a factory given options known to be valid).
+//
 //   auto bucket = sluice::token_bucket::create({.rate = sluice::per_second(5), .burst = 60});
 //   if (!bucket) { std::cerr << bucket.error().message << '\n'; return 1; }
 //   sluice::result<sluice::decision> d = (*bucket)->try_acquire(now, 1);
@@ -79,7 +84,19 @@ struct error {
   bool operator==(condition c) const noexcept { return code == make_error_condition(c); }
 };
 
+namespace detail {
+
+/// The checked preconditions of result<T>: writes "sluice: result::<accessor> ..." with the held
+/// error's message (when there is one) to stderr, then calls std::abort(). Never returns.
+[[noreturn]] void result_value_of_error(const error& e) noexcept;
+[[noreturn]] void result_error_of_value() noexcept;
+
+}  // namespace detail
+
 /// Either a value or an error. Check with `ok()` (or contextual bool) before `value()`.
+///
+/// Preconditions (checked in every build, never thrown): value(), `*` and `->` need ok(); error()
+/// needs !ok(). A violation writes the held error's message to stderr and aborts the process.
 template <class T>
 class [[nodiscard]] result {
  public:
@@ -91,17 +108,34 @@ class [[nodiscard]] result {
   bool ok() const noexcept { return v_.index() == 0; }
   explicit operator bool() const noexcept { return ok(); }
 
-  T& value() & { return std::get<0>(v_); }
-  const T& value() const& { return std::get<0>(v_); }
-  T&& value() && { return std::get<0>(std::move(v_)); }
-  T* operator->() { return &std::get<0>(v_); }
-  const T* operator->() const { return &std::get<0>(v_); }
-  T& operator*() & { return value(); }
-  const T& operator*() const& { return value(); }
+  /// The value. Precondition: ok() (else the error's message goes to stderr and the process aborts).
+  T& value() & noexcept { return *checked_value(); }
+  const T& value() const& noexcept { return *checked_value(); }
+  T&& value() && noexcept { return std::move(*checked_value()); }
+  T* operator->() noexcept { return checked_value(); }
+  const T* operator->() const noexcept { return checked_value(); }
+  T& operator*() & noexcept { return value(); }
+  const T& operator*() const& noexcept { return value(); }
 
-  const sluice::error& error() const& { return std::get<1>(v_); }
+  /// The error. Precondition: !ok() (else the process aborts).
+  const sluice::error& error() const& noexcept {
+    const sluice::error* e = std::get_if<1>(&v_);
+    if (e == nullptr) [[unlikely]] detail::result_error_of_value();
+    return *e;
+  }
 
  private:
+  T* checked_value() noexcept {
+    T* v = std::get_if<0>(&v_);
+    if (v == nullptr) [[unlikely]] detail::result_value_of_error(*std::get_if<1>(&v_));
+    return v;
+  }
+  const T* checked_value() const noexcept {
+    const T* v = std::get_if<0>(&v_);
+    if (v == nullptr) [[unlikely]] detail::result_value_of_error(*std::get_if<1>(&v_));
+    return v;
+  }
+
   std::variant<T, sluice::error> v_;
 };
 
@@ -116,7 +150,8 @@ class [[nodiscard]] result<void> {
 
   bool ok() const noexcept { return ok_; }
   explicit operator bool() const noexcept { return ok_; }
-  const sluice::error& error() const& { return e_; }
+  /// The error; an empty one (a zero code, no message) when ok().
+  const sluice::error& error() const& noexcept { return e_; }
 
  private:
   sluice::error e_{std::error_code{}, {}};

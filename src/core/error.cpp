@@ -1,5 +1,8 @@
 #include "sluice/error.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 namespace sluice {
 namespace {
 
@@ -50,5 +53,21 @@ const std::error_category& condition_category() noexcept {
   static const condition_category_impl instance;
   return instance;
 }
+
+namespace detail {
+
+void result_value_of_error(const error& e) noexcept {
+  std::fprintf(stderr, "sluice: result::value() called on a result holding an error: %s\n", e.message.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+void result_error_of_value() noexcept {
+  std::fputs("sluice: result::error() called on a result holding a value\n", stderr);
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
 
 }  // namespace sluice

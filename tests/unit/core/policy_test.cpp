@@ -59,27 +59,6 @@ TEST(CheckRequest, Validation) {
   EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = std::string(513, 't'), .user = "u"}).error(), errc::key_too_long);
 }
 
-TEST(Error, CategoryAndMessages) {
-  std::error_code ec = errc::backend_timeout;
-  EXPECT_STREQ(ec.category().name(), "sluice");
-  EXPECT_EQ(ec.message(), "backend timeout");
-  result<int> r(errc::invalid_argument, "x must be > 0");
-  EXPECT_FALSE(r.ok());
-  EXPECT_EQ(r.error(), errc::invalid_argument);
-}
-
-// Backend failures are one condition: callers tell them from a request that can never be admitted.
-TEST(ErrorCondition, BackendFailureCoversTheBackendCodesOnly) {
-  for (errc e : {errc::backend_unavailable, errc::backend_timeout, errc::backend_protocol, errc::backend_overloaded}) {
-    EXPECT_EQ(make_error_code(e), condition::backend_failure) << make_error_code(e).message();
-    EXPECT_TRUE(error(e, "x") == condition::backend_failure);
-  }
-  for (errc e : {errc::invalid_argument, errc::cost_exceeds_burst, errc::capacity_exhausted, errc::config_invalid}) {
-    EXPECT_NE(make_error_code(e), condition::backend_failure) << make_error_code(e).message();
-  }
-  EXPECT_NE(std::make_error_code(std::errc::timed_out), condition::backend_failure);
-}
-
 TEST(FullCapacityDecision, EveryLayerFullAndMarked) {
   const rule single{.name = "s", .limit = token_bucket_policy(per_second(1), 60)};
   decision d = full_capacity_decision(single, decision_source::disabled);
