@@ -16,7 +16,7 @@ using namespace sluice::http;
 
 std::shared_ptr<middleware> make() {
   auto m = middleware::create({
-      .backend = make_memory_backend({}),
+      .backend = make_memory_backend({}).value(),
       .rules = {{.name = "notes", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt},
                 {.name = "public", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt}},
       .routes = {{.path = "/notes/*", .rule = "notes", .key = key_by::user},

@@ -337,7 +337,9 @@ int main(int argc, char** argv) {
 
   std::shared_ptr<sluice::backend> backend;
   if (s.redis.empty()) {
-    backend = sluice::make_memory_backend({});
+    auto m = sluice::make_memory_backend({});
+    if (!m) return usage(m.error().message.c_str());
+    backend = std::move(*m);
   } else {
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
     spdlog::set_default_logger(spdlog::stderr_color_mt("notes_beast"));  // the backend's logs; stdout is for the port

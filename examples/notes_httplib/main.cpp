@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
 
   using sluice::http::key_by;
   auto mw = sluice::http::middleware::create({
-      .backend = sluice::make_memory_backend({}),
+      .backend = sluice::make_memory_backend({}).value(),  // default options: cannot fail
       .rules = {{.name = "notes", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)},
                 {.name = "export", .limit = sluice::fixed_window_policy(10, 24h)},
                 {.name = "public", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)}},

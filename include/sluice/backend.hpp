@@ -4,7 +4,7 @@
 // answer `check(request) -> result<decision>`, blocking or asynchronously, so surfaces (the HTTP
 // middleware, sluiced) do not care which one serves them.
 //
-//   auto backend = sluice::make_memory_backend({});
+//   std::unique_ptr<sluice::backend> backend = sluice::make_memory_backend({}).value();
 //   sluice::check_request req{.rule = api_rule, .key = "user:42"};
 //   sluice::result<sluice::decision> d = backend->check(req);
 //   backend->async_check(req, [](sluice::result<sluice::decision> d) { ... });

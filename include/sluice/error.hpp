@@ -27,7 +27,8 @@ namespace sluice {
 
 /// Error conditions of sluice. Values are stable: they appear in logs and metrics.
 enum class errc {
-  invalid_argument = 1,   ///< A parameter is out of its documented range; the message names it.
+  invalid_argument = 1,   ///< A parameter or option is out of its documented range; the message names it.
+                          ///< Every library factory and check uses it for a bad input.
   cost_exceeds_burst,     ///< The cost can never be admitted: it is larger than the limiter's capacity.
   key_too_long,           ///< A key or id is longer than `max_key_length`.
   capacity_exhausted,     ///< A keyed limiter is at its key cap and no entry could be evicted.
@@ -38,7 +39,8 @@ enum class errc {
   backend_timeout,        ///< The backend did not answer within the command timeout.
   backend_protocol,       ///< The backend answered something that is not a valid reply.
   backend_overloaded,     ///< Too many checks are already waiting on the backend.
-  config_invalid,         ///< A configuration file or value is invalid; the message says where.
+  config_invalid,         ///< sluiced's configuration (a file, or what is made from it) is invalid; the
+                          ///< message says where.
 };
 
 /// Sets of errc that callers branch on, as std::error_condition (Beast's `condition` does the same

@@ -4,8 +4,9 @@
 // eviction rules). Checks complete inline; async_check calls the handler before it returns.
 //
 //   auto backend = sluice::make_memory_backend({.max_keys_per_rule = 1'000'000});
+//   if (!backend) return fail(backend.error().message);
 //   sluice::rule api{.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)};
-//   auto d = backend->check({.rule = &api, .key = "user:42"});
+//   auto d = (*backend)->check({.rule = &api, .key = "user:42"});
 //
 // Thread-safe.
 #pragma once
@@ -18,14 +19,15 @@
 
 #include "sluice/backend.hpp"
 #include "sluice/clock.hpp"
+#include "sluice/error.hpp"
 #include "sluice/keyed.hpp"
 
 namespace sluice {
 
 struct memory_backend_options {
-  /// Where `now` comes from. Must outlive the backend. Default: real_clock().
+  /// Where `now` comes from; not null. Must outlive the backend. Default: real_clock().
   sluice::clock* clock = &real_clock();
-  /// Hard cap on live keys per rule (per layer for dual-layer rules). Default: 1,000,000.
+  /// Hard cap on live keys per rule (per layer for dual-layer rules); >= 1. Default: 1,000,000.
   std::size_t max_keys_per_rule = 1'000'000;
 };
 
@@ -43,6 +45,8 @@ class memory_backend : public backend {
   virtual std::vector<rule_key_stats> key_stats() = 0;
 };
 
-std::unique_ptr<memory_backend> make_memory_backend(const memory_backend_options& options);
+/// Makes an in-process backend. Fails (errc::invalid_argument, naming the option) on a null clock
+/// or max_keys_per_rule = 0; the default options never fail.
+result<std::unique_ptr<memory_backend>> make_memory_backend(const memory_backend_options& options);
 
 }  // namespace sluice

@@ -9,7 +9,7 @@ result<std::shared_ptr<const rule_set>> rule_set::build(backend& b, const std::v
   std::shared_ptr<rule_set> set(new rule_set());
   set->rules_.reserve(rules.size());
   for (const rule& r : rules) {
-    if (set->find(r.name) != nullptr) return error(errc::config_invalid, "rule '" + r.name + "' is defined twice");
+    if (set->find(r.name) != nullptr) return error(errc::invalid_argument, "rule '" + r.name + "' is defined twice");
     const prepared_rule* before = previous ? previous->find(r.name) : nullptr;
     if (before != nullptr && before->definition() == r && before->owner() == &b) {
       // Unchanged: the same prepared form, so the same state.

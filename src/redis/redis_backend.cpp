@@ -57,12 +57,12 @@ result<endpoint> parse_address(std::string_view a) {
   if (a.starts_with("unix:")) {
     e.host = std::string(a.substr(5));
     e.unix_socket = true;
-    if (e.host.empty()) return {errc::config_invalid, "redis address 'unix:' has no path"};
+    if (e.host.empty()) return {errc::invalid_argument, "redis address 'unix:' has no path"};
     return e;
   }
   auto hp = parse_host_port(a);
-  if (!hp) return {errc::config_invalid, "redis " + hp.error().message};
-  if (hp->port == 0) return {errc::config_invalid, "redis address '" + std::string(a) + "' has port 0"};
+  if (!hp) return {errc::invalid_argument, "redis " + hp.error().message};
+  if (hp->port == 0) return {errc::invalid_argument, "redis address '" + std::string(a) + "' has port 0"};
   e.host = std::move(hp->host);
   e.port = hp->port;
   return e;
@@ -950,33 +950,34 @@ class redis_backend_impl final : public redis_backend {
 };
 
 result<endpoint> validate_options(const redis_options& o) {
-  if (o.addresses.empty()) return {errc::config_invalid, "redis addresses must not be empty"};
+  if (o.addresses.empty()) return {errc::invalid_argument, "redis addresses must not be empty"};
   auto ep = parse_address(o.addresses.front());
   if (!ep) return ep.error();
   if (o.key_prefix.find_first_of("{}") != std::string::npos) {
-    return {errc::config_invalid, "redis key_prefix must not contain '{' or '}' (they would choose the hash slot)"};
+    return {errc::invalid_argument, "redis key_prefix must not contain '{' or '}' (they would choose the hash slot)"};
   }
-  if (o.key_prefix.size() > 256) return {errc::config_invalid, "redis key_prefix is longer than 256 bytes"};
-  if (o.database < 0) return {errc::config_invalid, "redis database must be >= 0"};
-  if (o.connect_timeout <= std::chrono::milliseconds::zero()) return {errc::config_invalid, "redis connect_timeout must be > 0"};
-  if (o.command_timeout <= std::chrono::milliseconds::zero()) return {errc::config_invalid, "redis command_timeout must be > 0"};
-  if (o.max_pending == 0) return {errc::config_invalid, "redis max_pending must be > 0"};
-  if (o.breaker_failure_threshold < 1) return {errc::config_invalid, "redis breaker_failure_threshold must be >= 1"};
+  if (o.key_prefix.size() > 256) return {errc::invalid_argument, "redis key_prefix is longer than 256 bytes"};
+  if (o.database < 0) return {errc::invalid_argument, "redis database must be >= 0"};
+  if (o.connect_timeout <= std::chrono::milliseconds::zero()) return {errc::invalid_argument, "redis connect_timeout must be > 0"};
+  if (o.command_timeout <= std::chrono::milliseconds::zero()) return {errc::invalid_argument, "redis command_timeout must be > 0"};
+  if (o.max_pending == 0) return {errc::invalid_argument, "redis max_pending must be > 0"};
+  if (o.breaker_failure_threshold < 1) return {errc::invalid_argument, "redis breaker_failure_threshold must be >= 1"};
   if (o.breaker_probe_interval <= std::chrono::milliseconds::zero()) {
-    return {errc::config_invalid, "redis breaker_probe_interval must be > 0"};
+    return {errc::invalid_argument, "redis breaker_probe_interval must be > 0"};
   }
   // Durations are added to steady_clock::now() in ns: bound them far below overflow.
   constexpr std::chrono::milliseconds max_duration = std::chrono::hours(24);
   if (o.connect_timeout > max_duration || o.command_timeout > max_duration || o.breaker_probe_interval > max_duration ||
       o.error_log_interval > max_duration) {
-    return {errc::config_invalid,
+    return {errc::invalid_argument,
             "redis connect_timeout, command_timeout, breaker_probe_interval and error_log_interval must be <= 24 h"};
   }
   return ep;
 }
 
-std::unique_ptr<memory_backend> make_local(const redis_options& o) {
-  if (o.on_error != failure_policy::local) return nullptr;
+// The in-process fallback of on_error = local; none otherwise.
+result<std::unique_ptr<memory_backend>> make_local(const redis_options& o) {
+  if (o.on_error != failure_policy::local) return std::unique_ptr<memory_backend>();
   memory_backend_options m;
   if (o.clock_for_test) m.clock = o.clock_for_test;
   return make_memory_backend(m);
@@ -997,18 +998,22 @@ result<void> validate_for_redis(const rule& r) {
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
   auto ep = validate_options(options);
   if (!ep) return ep.error();
+  auto local = make_local(options);
+  if (!local) return local.error();
   auto io = std::make_unique<asio::io_context>(1);
   auto* io_ptr = io.get();
   auto impl = std::make_unique<redis_backend_impl>(std::move(io));
-  impl->start(std::make_shared<redis_core>(options, std::move(*ep), *io_ptr, make_local(options)));
+  impl->start(std::make_shared<redis_core>(options, std::move(*ep), *io_ptr, std::move(*local)));
   return std::unique_ptr<redis_backend>(std::move(impl));
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io) {
   auto ep = validate_options(options);
   if (!ep) return ep.error();
+  auto local = make_local(options);
+  if (!local) return local.error();
   auto impl = std::make_unique<redis_backend_impl>();
-  impl->start(std::make_shared<redis_core>(options, std::move(*ep), io, make_local(options)));
+  impl->start(std::make_shared<redis_core>(options, std::move(*ep), io, std::move(*local)));
   return std::unique_ptr<redis_backend>(std::move(impl));
 }
 

@@ -29,7 +29,9 @@ result<void> check_servable(const config& cfg) {
 
 result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
   if (s.type == backend_type::memory) {
-    return std::unique_ptr<backend>(make_memory_backend({.max_keys_per_rule = s.max_keys_per_rule}));
+    auto b = make_memory_backend({.max_keys_per_rule = s.max_keys_per_rule});
+    if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
+    return std::unique_ptr<backend>(std::move(*b));
   }
 #ifdef SLUICE_HAVE_REDIS
   if (s.type == backend_type::redis) {
@@ -42,7 +44,7 @@ result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
                                  .key_prefix = s.key_prefix,
                                  .on_error = s.on_error,
                                  .max_pending = s.max_pending});
-    if (!b) return b.error();
+    if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
     return std::unique_ptr<backend>(std::move(*b));
   }
 #endif

@@ -170,7 +170,7 @@ file_stamp stamp_of(const std::string& path) {
 
 result<tcp::endpoint> resolve_listen(const std::string& listen) {
   auto address = parse_host_port(listen);
-  if (!address) return address.error();
+  if (!address) return error(errc::config_invalid, "listen " + address.error().message);
   const std::string& host = address->host;
   const std::string port = std::to_string(address->port);
   asio::io_context io;

@@ -8,7 +8,7 @@
 // thin layers over it; any other library can use it directly the same way.
 //
 //   auto mw = sluice::http::middleware::create({
-//       .backend = std::shared_ptr<sluice::backend>(sluice::make_memory_backend({})),
+//       .backend = sluice::make_memory_backend({}).value(),   // default options: cannot fail
 //       .rules = {{.name = "notes", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)}},
 //       .routes = {{.path = "/notes/*", .rule = "notes", .key = sluice::http::key_by::user}},
 //       .exempt = {{.path = "/healthz"}},

@@ -100,7 +100,7 @@ void expect_same(const decision& redis, const decision& memory, const std::strin
 // decision must match. With `prime` > 0, every key first takes that cost (on both backends).
 void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, const rule& r, nanoseconds max_step,
                          std::int64_t prime = 0) {
-  auto memory = make_memory_backend({.clock = &clock});
+  auto memory = make_memory_backend({.clock = &clock}).value();
   std::mt19937 rng(42);
   std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
   const std::int64_t max_cost = std::min<std::int64_t>(3, std::min(r.limit.capacity(), r.tenant ? r.tenant->capacity() : 3));
@@ -525,7 +525,7 @@ TEST_F(RedisBackendTest, InvalidOptionsAreErrors) {
 
 TEST_F(RedisBackendTest, CompletionTokens) {
   auto b = make();
-  auto memory = make_memory_backend({.clock = &clock_});
+  auto memory = make_memory_backend({.clock = &clock_}).value();
   rule r{.name = "r", .limit = fixed_window_policy(100, 1min)};
   check_request req{.rule = &r, .key = "k"};
   for (backend* be : {static_cast<backend*>(b.get()), static_cast<backend*>(memory.get())}) {
@@ -623,7 +623,7 @@ TEST_F(RedisBackendTest, DegenerateBuckets) {
   EXPECT_FALSE(spent.allowed);
   EXPECT_GT(spent.retry_after, std::chrono::hours(24 * 365 * 50));  // "practically never", as in process
   // Same as in process.
-  auto memory = make_memory_backend({.clock = &clock_});
+  auto memory = make_memory_backend({.clock = &clock_}).value();
   memory->check({.rule = &no_refill, .key = "k"}).value();
   memory->check({.rule = &no_refill, .key = "k"}).value();
   decision local = memory->check({.rule = &no_refill, .key = "k"}).value();
@@ -636,7 +636,7 @@ TEST_F(RedisBackendTest, DegenerateBuckets) {
 // by 1 µs per token and let 10% more through than in process.
 TEST_F(RedisBackendTest, TokenBucketAtHighRatesAdmitsExactlyTheBurst) {
   auto b = make();
-  auto memory = make_memory_backend({.clock = &clock_});
+  auto memory = make_memory_backend({.clock = &clock_}).value();
   // Interval 1100 ns. Key TTLs run in real time while the test clock stands still: a deep debt (11 s)
   // keeps the key alive throughout.
   rule r{.name = "fast", .limit = token_bucket_policy(per_second(1e9 / 1100), 10'000'000)};
@@ -732,7 +732,7 @@ TEST_F(RedisBackendTest, HugeWindowsAndLimitsNeitherOverflowNorReachTheScripts) 
 // the binding layer, its limit, and retry_after from the refusing layer(s) only.
 TEST_F(RedisBackendTest, DualLayerDecisionsAreCombinedAsInProcess) {
   auto b = make();
-  auto memory = make_memory_backend({.clock = &clock_});
+  auto memory = make_memory_backend({.clock = &clock_}).value();
   rule r{.name = "api", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1), 6)};
   auto both = [&](std::string_view user, std::int64_t cost, const std::string& where) {
     check_request req{.rule = &r, .tenant = "acme", .user = user, .cost = cost};

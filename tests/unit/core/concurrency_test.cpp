@@ -131,7 +131,7 @@ TEST(Concurrency, KeyedLimiterExactPerKeyWhileTheTableGrows) {
 
 TEST(Concurrency, MemoryBackendDualLayerAcrossUsers) {
   testing::simulated_clock clock(t0);
-  auto backend = make_memory_backend({.clock = &clock});
+  auto backend = make_memory_backend({.clock = &clock}).value();
   rule r{.name = "tenant_api", .limit = sliding_window_policy(100, 60s), .tenant = sliding_window_policy(1000, 60s)};
   int admitted = hammer([&](int t, int i) {
     std::string user = "u" + std::to_string((t * attempts_per_thread + i) % 50);

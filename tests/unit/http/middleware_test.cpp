@@ -448,7 +448,7 @@ TEST_F(middleware_test, OverLongIdsAreKeyedOnTheirDigest) {
 // The reported bypass: limit 1, a 600-byte user id, 100 requests. Exactly one may go on.
 TEST(MiddlewareMemory, LongIdentityCannotBypassTheLimit) {
   sluice::testing::simulated_clock clock;
-  std::shared_ptr<backend> b = make_memory_backend({.clock = &clock});
+  std::shared_ptr<backend> b = make_memory_backend({.clock = &clock}).value();
   auto m = middleware::create({.backend = b,
                                .rules = {{.name = "one", .limit = token_bucket_policy(per_second(0), 1)}},
                                .routes = {{.path = "/x", .rule = "one", .key = key_by::user}}});
@@ -565,7 +565,7 @@ TEST_F(middleware_test, DualLayerIdentifiedCallersUseTheirTenant) {
 // refuse API-key callers of a real tenant.
 TEST(MiddlewareMemory, AnonymousFloodDoesNotRefuseIdentifiedTenants) {
   sluice::testing::simulated_clock clock;
-  auto m = middleware::create({.backend = make_memory_backend({.clock = &clock}),
+  auto m = middleware::create({.backend = make_memory_backend({.clock = &clock}).value(),
                                .rules = {{.name = "dual",
                                           .limit = token_bucket_policy(per_second(0), 100),
                                           .tenant = token_bucket_policy(per_second(0), 10)}},

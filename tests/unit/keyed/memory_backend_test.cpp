@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <string>
 
 #include "sluice/testing/simulated_clock.hpp"
 
@@ -14,10 +15,24 @@ using namespace std::chrono_literals;
 class MemoryBackend : public ::testing::Test {
  protected:
   testing::simulated_clock clock_;
-  std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_, .max_keys_per_rule = 1000});
+  std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_, .max_keys_per_rule = 1000}).value();
   rule api_{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
   rule tenant_api_{.name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)};
 };
+
+// Bad options are refused with a message naming the option; nothing is silently replaced.
+TEST(MemoryBackendFactory, RefusesBadOptions) {
+  auto no_keys = make_memory_backend({.max_keys_per_rule = 0});
+  ASSERT_FALSE(no_keys.ok());
+  EXPECT_EQ(no_keys.error(), errc::invalid_argument);
+  EXPECT_NE(no_keys.error().message.find("max_keys_per_rule must be >= 1"), std::string::npos) << no_keys.error().message;
+  auto no_clock = make_memory_backend({.clock = nullptr});
+  ASSERT_FALSE(no_clock.ok());
+  EXPECT_EQ(no_clock.error(), errc::invalid_argument);
+  EXPECT_NE(no_clock.error().message.find("clock must not be null"), std::string::npos) << no_clock.error().message;
+  EXPECT_TRUE(make_memory_backend({}).ok());
+  EXPECT_TRUE(make_memory_backend({.max_keys_per_rule = 1}).ok());
+}
 
 TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
   for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = &api_, .key = "user:1"}).value().allowed);
