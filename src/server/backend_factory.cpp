@@ -35,15 +35,7 @@ result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
   }
 #ifdef SLUICE_HAVE_REDIS
   if (s.type == backend_type::redis) {
-    auto b = make_redis_backend({.addresses = s.addresses,
-                                 .username = s.username,
-                                 .password = s.password,
-                                 .database = s.database,
-                                 .connect_timeout = s.connect_timeout,
-                                 .command_timeout = s.command_timeout,
-                                 .key_prefix = s.key_prefix,
-                                 .on_error = s.on_error,
-                                 .max_pending = s.max_pending});
+    auto b = make_redis_backend(s.redis);
     if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
     return std::unique_ptr<backend>(std::move(*b));
   }

@@ -368,13 +368,25 @@ result<void> read_server(const section& s, config& out) {
   return {};
 }
 
+// A Redis address as the backend takes it: "host:port" (port 1..65535) or "unix:/path".
+bool valid_redis_address(std::string_view a) {
+  if (a.starts_with("unix:")) return a.size() > 5;
+  auto hp = parse_host_port(a);
+  return hp && hp->port != 0;
+}
+
+// Durations of the backend are at most a day (the Redis backend's own bound).
+constexpr std::int64_t max_backend_ms = 24 * 3'600'000;
+
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
-                       "connect_timeout_ms", "on_error", "max_pending", "max_keys_per_rule"});
+                       "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
+                       "breaker_probe_interval_ms", "error_log_interval_ms", "max_keys_per_rule"});
       !v) {
     return v.error();
   }
   backend_settings& b = out.backend;
+  redis_options& r = b.redis;  // holds its defaults until a key sets a field
   auto type = s.string("type", "memory");
   if (!type) return type.error();
   if (*type == "memory") {
@@ -391,49 +403,60 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
     if (!arr) return rep.at(n->source(), "addresses must be an array of \"host:port\" strings, got " + type_name(*n));
     if (arr->empty()) return rep.at(n->source(), "addresses must not be empty");
     if (arr->size() > 64) return rep.at(n->source(), "addresses holds more than 64 entries");
-    b.addresses.clear();
+    r.addresses.clear();
     for (const toml::node& e : *arr) {
-      if (!e.is_string() || !valid_listen(e.as_string()->get())) {
-        return rep.at(e.source(), "each address must be a \"host:port\" string");
+      if (!e.is_string() || !valid_redis_address(e.as_string()->get())) {
+        return rep.at(e.source(), "each address must be a \"host:port\" string (port 1-65535) or \"unix:/path\"");
       }
-      b.addresses.push_back(e.as_string()->get());
+      r.addresses.push_back(e.as_string()->get());
     }
   }
-  auto user = s.string("username", "");
+  auto user = s.string("username", r.username);
   if (!user) return user.error();
-  b.username = *user;
-  auto pass = s.string("password", "");
+  r.username = *user;
+  auto pass = s.string("password", r.password);
   if (!pass) return pass.error();
-  b.password = *pass;
-  if (!b.username.empty() && b.password.empty()) return s.bad("username", "needs a password");
-  auto db = s.integer_or("database", 0, 0, 1'000'000);
+  r.password = *pass;
+  if (!r.username.empty() && r.password.empty()) return s.bad("username", "needs a password");
+  auto db = s.integer_or("database", r.database, 0, 1'000'000);
   if (!db) return db.error();
-  b.database = static_cast<int>(*db);
-  auto prefix = s.string("key_prefix", "sluice:");
+  r.database = static_cast<int>(*db);
+  auto prefix = s.string("key_prefix", r.key_prefix);
   if (!prefix) return prefix.error();
   if (prefix->size() > 128) return s.bad("key_prefix", "must be at most 128 bytes");
-  b.key_prefix = *prefix;
-  auto timeout = s.integer_or("timeout_ms", 50, 1, 60'000);
-  if (!timeout) return timeout.error();
-  b.command_timeout = std::chrono::milliseconds(*timeout);
-  auto ctimeout = s.integer_or("connect_timeout_ms", 1000, 1, 60'000);
-  if (!ctimeout) return ctimeout.error();
-  b.connect_timeout = std::chrono::milliseconds(*ctimeout);
+  if (prefix->find_first_of("{}") != std::string::npos) {
+    return s.bad("key_prefix", "must not contain '{' or '}' (they would choose the Redis hash slot)");
+  }
+  r.key_prefix = *prefix;
+  // A duration in whole ms, `key` in [lo, hi].
+  auto millis = [&s](std::string_view key, std::chrono::milliseconds& field, std::int64_t lo, std::int64_t hi) -> result<void> {
+    auto v = s.integer_or(key, field.count(), lo, hi);
+    if (!v) return v.error();
+    field = std::chrono::milliseconds(*v);
+    return {};
+  };
+  if (auto v = millis("timeout_ms", r.command_timeout, 1, 60'000); !v) return v;
+  if (auto v = millis("connect_timeout_ms", r.connect_timeout, 1, 60'000); !v) return v;
   auto on_error = s.string("on_error", "allow");
   if (!on_error) return on_error.error();
   if (*on_error == "allow") {
-    b.on_error = failure_policy::allow;
+    r.on_error = failure_policy::allow;
   } else if (*on_error == "deny") {
-    b.on_error = failure_policy::deny;
+    r.on_error = failure_policy::deny;
   } else if (*on_error == "local") {
-    b.on_error = failure_policy::local;
+    r.on_error = failure_policy::local;
   } else {
     return s.bad("on_error", "must be allow, deny or local, got \"" + *on_error + "\"");
   }
-  auto pending = s.integer_or("max_pending", 10'000, 1, 10'000'000);
+  auto pending = s.integer_or("max_pending", static_cast<std::int64_t>(r.max_pending), 1, 10'000'000);
   if (!pending) return pending.error();
-  b.max_pending = static_cast<std::size_t>(*pending);
-  auto keys = s.integer_or("max_keys_per_rule", 1'000'000, 1, 1'000'000'000);
+  r.max_pending = static_cast<std::size_t>(*pending);
+  auto threshold = s.integer_or("breaker_failure_threshold", r.breaker_failure_threshold, 1, 1'000'000);
+  if (!threshold) return threshold.error();
+  r.breaker_failure_threshold = static_cast<int>(*threshold);
+  if (auto v = millis("breaker_probe_interval_ms", r.breaker_probe_interval, 1, max_backend_ms); !v) return v;
+  if (auto v = millis("error_log_interval_ms", r.error_log_interval, 0, max_backend_ms); !v) return v;
+  auto keys = s.integer_or("max_keys_per_rule", static_cast<std::int64_t>(b.max_keys_per_rule), 1, 1'000'000'000);
   if (!keys) return keys.error();
   b.max_keys_per_rule = static_cast<std::size_t>(*keys);
   return {};

@@ -529,9 +529,7 @@ class service {
     if (next.server.threads != old->cfg.server.threads) {
       spdlog::warn("event=reload_restart_needed section=server message=\"threads applies at the next start\"");
     }
-    if (next.backend.type != old->cfg.backend.type || next.backend.addresses != old->cfg.backend.addresses ||
-        next.backend.key_prefix != old->cfg.backend.key_prefix || next.backend.on_error != old->cfg.backend.on_error ||
-        next.backend.database != old->cfg.backend.database) {
+    if (next.backend != old->cfg.backend) {
       spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
     }
     next.backend = old->cfg.backend;

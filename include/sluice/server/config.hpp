@@ -31,6 +31,7 @@
 #include "sluice/backend.hpp"
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
+#include "sluice/redis_options.hpp"
 
 namespace sluice {
 
@@ -69,26 +70,16 @@ struct server_settings {
 struct backend_settings {
   /// memory | redis | redis_cluster. Default: memory.
   backend_type type = backend_type::memory;
-  /// Redis "host:port" addresses. Default: {"127.0.0.1:6379"}.
-  std::vector<std::string> addresses{"127.0.0.1:6379"};
-  /// Redis ACL user; empty for none. Default: "".
-  std::string username;
-  /// Redis password; empty for none. Default: "".
-  std::string password;
-  /// Redis database number. Default: 0.
-  int database = 0;
-  /// Prefix of every Redis key. Default: "sluice:".
-  std::string key_prefix = "sluice:";
-  /// Redis command timeout (`timeout_ms`). Default: 50 ms.
-  std::chrono::milliseconds command_timeout{50};
-  /// Redis connect timeout (`connect_timeout_ms`). Default: 1000 ms.
-  std::chrono::milliseconds connect_timeout{1000};
-  /// What a check does when Redis cannot answer (`on_error`: allow | deny | local). Default: allow.
-  failure_policy on_error = failure_policy::allow;
-  /// Most checks waiting on Redis at once; beyond it checks fail with backend_overloaded. Default: 10000.
-  std::size_t max_pending = 10'000;
+  /// type = "redis": every option of the Redis backend, read from the same table under the names
+  /// of its fields — `addresses`, `username`, `password`, `database`, `key_prefix`, `on_error`,
+  /// `max_pending`, `breaker_failure_threshold` — durations in ms: `timeout_ms` (command_timeout),
+  /// `connect_timeout_ms`, `breaker_probe_interval_ms`, `error_log_interval_ms`.
+  /// Defaults: redis_options's (redis_options.hpp).
+  redis_options redis;
   /// Memory backend: hard cap on live keys per rule. Default: 1,000,000.
   std::size_t max_keys_per_rule = 1'000'000;
+
+  bool operator==(const backend_settings&) const = default;
 };
 
 /// [http]

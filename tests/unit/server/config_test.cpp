@@ -108,12 +108,12 @@ window = "250ms"
   EXPECT_EQ(c->server.threads, 3u);
   EXPECT_TRUE(c->server.log_rejections);
   EXPECT_EQ(c->backend.type, backend_type::redis);
-  EXPECT_EQ(c->backend.addresses, (std::vector<std::string>{"10.0.0.1:6379", "10.0.0.2:6380"}));
-  EXPECT_EQ(c->backend.username, "u");
-  EXPECT_EQ(c->backend.password, "p");
-  EXPECT_EQ(c->backend.key_prefix, "x:");
-  EXPECT_EQ(c->backend.command_timeout, 20ms);
-  EXPECT_EQ(c->backend.on_error, failure_policy::local);
+  EXPECT_EQ(c->backend.redis.addresses, (std::vector<std::string>{"10.0.0.1:6379", "10.0.0.2:6380"}));
+  EXPECT_EQ(c->backend.redis.username, "u");
+  EXPECT_EQ(c->backend.redis.password, "p");
+  EXPECT_EQ(c->backend.redis.key_prefix, "x:");
+  EXPECT_EQ(c->backend.redis.command_timeout, 20ms);
+  EXPECT_EQ(c->backend.redis.on_error, failure_policy::local);
   EXPECT_TRUE(c->http.ietf_headers);
   EXPECT_FALSE(c->http.legacy_headers);
   ASSERT_EQ(c->rules.size(), 5u);
@@ -208,6 +208,93 @@ TEST(Config, ServerBackendHttpErrors) {
   expect_error(s + "[http]\nietf = true\n", "t.toml:9:1: unknown key 'ietf' in [http]");
 }
 
+// Every option of the Redis backend is read from [backend] into backend_settings::redis; what a
+// file leaves out keeps redis_options's default.
+TEST(Config, BackendHoldsEveryRedisOption) {
+  auto c = parse_config(R"([backend]
+type = "redis"
+addresses = ["10.0.0.1:6379", "unix:/run/redis.sock"]
+username = "u"
+password = "p"
+database = 3
+key_prefix = "app:"
+timeout_ms = 20
+connect_timeout_ms = 300
+on_error = "deny"
+max_pending = 77
+breaker_failure_threshold = 9
+breaker_probe_interval_ms = 750
+error_log_interval_ms = 0
+max_keys_per_rule = 5000
+
+[[rules]]
+name = "api"
+algorithm = "fixed_window"
+limit = 5
+window = 60
+)", "b.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const redis_options& r = c->backend.redis;
+  EXPECT_EQ(r.addresses, (std::vector<std::string>{"10.0.0.1:6379", "unix:/run/redis.sock"}));
+  EXPECT_EQ(r.username, "u");
+  EXPECT_EQ(r.password, "p");
+  EXPECT_EQ(r.database, 3);
+  EXPECT_EQ(r.key_prefix, "app:");
+  EXPECT_EQ(r.command_timeout, 20ms);
+  EXPECT_EQ(r.connect_timeout, 300ms);
+  EXPECT_EQ(r.on_error, failure_policy::deny);
+  EXPECT_EQ(r.max_pending, 77u);
+  EXPECT_EQ(r.breaker_failure_threshold, 9);
+  EXPECT_EQ(r.breaker_probe_interval, 750ms);
+  EXPECT_EQ(r.error_log_interval, 0ms);
+  EXPECT_EQ(r.clock_for_test, nullptr);
+  EXPECT_EQ(c->backend.max_keys_per_rule, 5000u);
+
+  auto defaults = parse_config(std::string(seed) + "[backend]\ntype = \"redis\"\n", "d.toml");
+  ASSERT_TRUE(defaults.ok()) << defaults.error().message;
+  EXPECT_EQ(defaults->backend.redis, redis_options{});
+  EXPECT_EQ(defaults->backend, backend_settings{.type = backend_type::redis});
+}
+
+// A bad value of any [backend] key is an error naming the key and where it is.
+TEST(Config, BadValueOfEachBackendKey) {
+  const std::string b = "[backend]\n";
+  struct bad_case {
+    const char* line;
+    const char* message;  // the start of the error, after "t.toml:2:"
+  };
+  const bad_case cases[] = {
+      {"type = 1", "8: type must be a string, got an integer"},
+      {"addresses = []", "13: addresses must not be empty"},
+      {"addresses = [\"nohost\"]", "14: each address must be a \"host:port\" string"},
+      {"addresses = [\"h:0\"]", "14: each address must be a \"host:port\" string (port 1-65535)"},
+      {"addresses = [\"unix:\"]", "14: each address must be"},
+      {"username = 7", "12: username must be a string, got an integer"},
+      {"password = true", "12: password must be a string, got a boolean"},
+      {"database = -1", "12: database must be between 0 and 1000000, got -1"},
+      {"database = \"0\"", "12: database must be an integer, got a string"},
+      {"key_prefix = \"a{b}:\"", "14: key_prefix must not contain '{' or '}'"},
+      {"key_prefix = 5", "14: key_prefix must be a string, got an integer"},
+      {"timeout_ms = 60001", "14: timeout_ms must be between 1 and 60000, got 60001"},
+      {"connect_timeout_ms = 0", "22: connect_timeout_ms must be between 1 and 60000, got 0"},
+      {"connect_timeout_ms = 1.5", "22: connect_timeout_ms must be an integer, got a float"},
+      {"on_error = \"local \"", "12: on_error must be allow, deny or local, got \"local \""},
+      {"max_pending = 0", "15: max_pending must be between 1 and 10000000, got 0"},
+      {"breaker_failure_threshold = 0", "29: breaker_failure_threshold must be between 1 and 1000000, got 0"},
+      {"breaker_failure_threshold = \"5\"", "29: breaker_failure_threshold must be an integer, got a string"},
+      {"breaker_probe_interval_ms = 0", "29: breaker_probe_interval_ms must be between 1 and 86400000, got 0"},
+      {"breaker_probe_interval_ms = 86400001", "29: breaker_probe_interval_ms must be between 1 and 86400000"},
+      {"error_log_interval_ms = -1", "25: error_log_interval_ms must be between 0 and 86400000, got -1"},
+      {"error_log_interval_ms = [1]", "25: error_log_interval_ms must be an integer, got an array"},
+      {"max_keys_per_rule = 0", "21: max_keys_per_rule must be between 1 and 1000000000, got 0"},
+      {"breaker_threshold = 5", "1: unknown key 'breaker_threshold' in [backend]"},
+  };
+  for (const bad_case& c : cases) {
+    SCOPED_TRACE(c.line);
+    expect_error(b + c.line + "\n", std::string("t.toml:2:") + c.message);
+  }
+}
+
 TEST(Config, LoadConfigNamesMissingFile) {
   auto c = load_config("/nonexistent/sluice.toml");
   ASSERT_FALSE(c.ok());
@@ -248,7 +335,7 @@ TEST(Config, NonAsciiBetweenTokensIsAnError) {
                          "[backend]\nkey_prefix = \"\"\"a\\\n  \xc9\xb1\"\"\"\n",
                          "t.toml");
   ASSERT_TRUE(ok.ok()) << ok.error().message;
-  EXPECT_EQ(ok->backend.key_prefix, "a\xc9\xb1");
+  EXPECT_EQ(ok->backend.redis.key_prefix, "a\xc9\xb1");
 }
 
 }  // namespace

@@ -1,0 +1,63 @@
+// sluice/redis_options.hpp — the options of the Redis backend, apart from the backend itself.
+//
+// Standard library only (no Boost, no hiredis), so a configuration can hold them without depending
+// on the Redis backend: sluiced's `backend_settings` (server/config.hpp) does. The backend is made
+// from them by make_redis_backend (redis_backend.hpp), which validates them.
+//
+//   sluice::redis_options o{.addresses = {"10.0.0.5:6379"}, .on_error = sluice::failure_policy::local};
+//   auto b = sluice::make_redis_backend(o);
+//
+// Thread-safe: a value.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "sluice/backend.hpp"
+#include "sluice/clock.hpp"
+
+namespace sluice {
+
+struct redis_options {
+  /// Servers as "host:port", "[v6addr]:port" or "unix:/path/to.sock". A single Redis uses the first.
+  /// Default: {"127.0.0.1:6379"}.
+  std::vector<std::string> addresses{"127.0.0.1:6379"};
+  /// ACL user name for AUTH; empty means the default user. Default: "".
+  std::string username;
+  /// Password for AUTH; empty means no AUTH. Default: "".
+  std::string password;
+  /// Database selected after connecting. Default: 0.
+  int database = 0;
+  /// Longest a connection attempt may take. Default: 1000 ms.
+  std::chrono::milliseconds connect_timeout{1000};
+  /// Longest a check waits for Redis; then its decision follows `on_error`. Default: 50 ms.
+  std::chrono::milliseconds command_timeout{50};
+  /// Prepended to every key; must not contain `{` or `}`. Default: "sluice:".
+  std::string key_prefix = "sluice:";
+  /// What a check decides when Redis cannot answer (timeout, connection down, circuit open, error
+  /// reply, too many pending): allow (admitted, source fail_open), deny (refused with retry_after
+  /// 1 s, source fail_closed) or local (the same rule in an in-process memory backend of this
+  /// instance, source local_fallback). Default: failure_policy::allow (fail open).
+  failure_policy on_error = failure_policy::allow;
+  /// Most checks waiting on Redis at once; beyond it a check fails at once (errc::backend_overloaded)
+  /// and follows `on_error`. Default: 10,000.
+  std::size_t max_pending = 10'000;
+  /// Consecutive failures (timeouts, lost connection) that open the circuit: checks then follow
+  /// `on_error` at once instead of waiting for the timeout. Default: 5.
+  int breaker_failure_threshold = 5;
+  /// While the circuit is open, how often the backend tries to reconnect and PINGs Redis; the first
+  /// answer closes the circuit. Default: 200 ms.
+  std::chrono::milliseconds breaker_probe_interval{200};
+  /// Errors are logged (spdlog, warn) at most once per interval, with their count. Default: 10 s.
+  std::chrono::milliseconds error_log_interval{10'000};
+  /// Tests only: when set, the scripts take `now` from this clock instead of the Redis server's TIME
+  /// (sent as an extra argument), so tests can move windows without sleeping. Never set it in
+  /// production: instances would stop sharing one time source. Default: nullptr (Redis TIME).
+  sluice::clock* clock_for_test = nullptr;
+
+  bool operator==(const redis_options&) const = default;
+};
+
+}  // namespace sluice
