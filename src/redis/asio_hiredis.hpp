@@ -13,16 +13,12 @@
 #include <hiredis/async.h>
 
 #include <boost/asio/bind_executor.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/strand.hpp>
 #include <memory>
 
+#include "redis/strand.hpp"
+
 namespace sluice::detail {
-
-namespace asio = boost::asio;
-
-using strand_type = asio::strand<asio::io_context::executor_type>;
 
 class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_adapter> {
  public:

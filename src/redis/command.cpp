@@ -1,0 +1,187 @@
+#include "redis/command.hpp"
+
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <charconv>
+#include <limits>
+
+#include "redis/exactness.hpp"
+#include "redis/keys.hpp"
+#include "redis/scripts.hpp"
+#include "sluice/gcra.hpp"
+#include "sluice/redis_backend.hpp"
+
+namespace sluice::detail {
+namespace {
+
+// Appends one RESP bulk string: $len CRLF bytes CRLF.
+void bulk(std::string& out, std::string_view s) {
+  char len[24];
+  auto [end, ec] = std::to_chars(len, len + sizeof len, s.size());
+  out += '$';
+  out.append(len, end);
+  out += "\r\n";
+  out += s;
+  out += "\r\n";
+}
+
+void bulk(std::string& out, std::int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  bulk(out, std::string_view(buf, static_cast<std::size_t>(end - buf)));
+}
+
+// The three script parameters of a policy (see scripts.hpp). Precondition: validate(p) and
+// validate_for_redis(p) passed.
+void append_params(std::string& out, const policy& p) {
+  if (p.algorithm == algorithm::token_bucket) {
+    // Integer ns, as in process: interval >= 1000 (or 0: infinite), tolerance <= 2^62.
+    gcra_params g = make_gcra_params(p.rate, p.burst);
+    bulk(out, g.interval_ns);
+    bulk(out, g.tolerance_ns);
+    bulk(out, g.burst);
+    return;
+  }
+  // Whole µs, rounded up without overflow (window > 0); longer windows than max_window_us act as it.
+  const std::int64_t w = p.window.count();
+  const std::int64_t window_us = std::min(max_window_us, w / 1000 + (w % 1000 != 0 ? 1 : 0));
+  bulk(out, p.limit);
+  bulk(out, window_us);
+  bulk(out, "0");
+}
+
+nanoseconds from_us(long long us) {
+  if (us < 0) return never;
+  if (us > std::numeric_limits<std::int64_t>::max() / 1000) return never;
+  return nanoseconds(us * 1000);
+}
+
+bool integers(const redisReply& r, std::size_t n, long long* out) {
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != n) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (r.element[i]->type != REDIS_REPLY_INTEGER) return false;
+    out[i] = r.element[i]->integer;
+  }
+  return true;
+}
+
+// One layer's decision from its four reply values {allowed, remaining, retry µs, reset µs}.
+decision layer_decision(const long long* v, std::int64_t limit) {
+  decision d;
+  d.allowed = v[0] == 1;
+  d.limit = limit;
+  d.remaining = std::max<long long>(0, v[1]);
+  d.retry_after = d.allowed ? nanoseconds(0) : from_us(v[2]);
+  d.reset_after = from_us(v[3]);  // -1 ("never") only for a bucket that cannot refill
+  return d;
+}
+
+}  // namespace
+
+result<prepared_script> prepare_script(const rule& r) {
+  if (auto v = validate(r); !v) return v.error();
+  if (auto v = sluice::validate_for_redis(r); !v) return v.error();
+  prepared_script p;
+  p.dual = r.is_dual_layer();
+  p.limit = r.limit.capacity();
+  p.script = p.dual ? dual_script(r.tenant->algorithm, r.limit.algorithm) : single_script(r.limit.algorithm);
+  if (p.dual) {
+    p.tenant_limit = r.tenant->capacity();
+    append_params(p.params, *r.tenant);
+  }
+  append_params(p.params, r.limit);
+  return p;
+}
+
+command evalsha_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                        std::int64_t now_us, std::int64_t deadline_us) {
+  command cmd;
+  std::string& c = cmd.text;
+  c.reserve(256);
+  c += p.dual ? "*14\r\n" : "*10\r\n";
+  cmd.header = c.size();
+  bulk(c, "EVALSHA");
+  bulk(c, scripts()[p.script].sha1);
+  cmd.rest = c.size();
+  if (p.dual) {
+    bulk(c, "2");
+    bulk(c, tenant_key(key_prefix, r.name, req.tenant, r.tenant->algorithm));
+    bulk(c, user_key(key_prefix, r.name, req.tenant, req.user, r.limit.algorithm));
+  } else {
+    bulk(c, "1");
+    bulk(c, single_key(key_prefix, r.name, req.key, r.limit.algorithm));
+  }
+  bulk(c, now_us);
+  bulk(c, req.cost);
+  c += p.params;
+  bulk(c, deadline_us);
+  return cmd;
+}
+
+std::string eval_command(const command& c, std::string_view body) {
+  std::string eval;
+  eval.reserve(c.text.size() + body.size() + 32);
+  eval.append(c.text, 0, c.header);
+  bulk(eval, "EVAL");
+  bulk(eval, body);
+  eval.append(c.text, c.rest);
+  return eval;
+}
+
+const std::string& oom_probe_command() {
+  static const std::string probe = [] {
+    std::string c = "*3\r\n";
+    bulk(c, "EVAL");
+    bulk(c, "#!lua\nreturn 1");
+    bulk(c, "0");
+    return c;
+  }();
+  return probe;
+}
+
+std::int64_t reply_time(const redisReply& r) noexcept {
+  if (r.type != REDIS_REPLY_ARRAY || r.elements == 0) return -1;
+  const redisReply* last = r.element[r.elements - 1];
+  const bool valid = last->type == REDIS_REPLY_INTEGER && last->integer >= 0 && last->integer < (1LL << 53);
+  return valid ? last->integer : -1;
+}
+
+bool is_expired_reply(const redisReply& r) noexcept {
+  return r.type == REDIS_REPLY_ARRAY && r.elements == 2 && r.element[0]->type == REDIS_REPLY_INTEGER &&
+         r.element[0]->integer == -1;
+}
+
+result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
+  // Each reply ends with the server time (read by reply_time).
+  if (!p.dual) {
+    long long v[5];
+    if (!integers(r, 5, v) || (v[0] != 0 && v[0] != 1)) {
+      return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
+    }
+    return layer_decision(v, p.limit);
+  }
+  long long v[9];
+  if (!integers(r, 9, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
+    return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
+  }
+  // The same combination as in process.
+  return combine_layers(layer_decision(v, p.tenant_limit), layer_decision(v + 4, p.limit));
+}
+
+std::int64_t parse_time_reply(const redisReply& r) noexcept {
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != 2) return -1;
+  const redisReply* a = r.element[0];
+  const redisReply* b = r.element[1];
+  if (a->type != REDIS_REPLY_STRING || b->type != REDIS_REPLY_STRING) return -1;
+  long long sec = 0, usec = 0;
+  auto [p1, e1] = std::from_chars(a->str, a->str + a->len, sec);
+  auto [p2, e2] = std::from_chars(b->str, b->str + b->len, usec);
+  if (e1 != std::errc() || e2 != std::errc() || sec < 0 || sec > (1LL << 40) || usec < 0 ||
+      usec > 999'999) {
+    return -1;
+  }
+  return sec * 1'000'000 + usec;
+}
+
+}  // namespace sluice::detail

@@ -1,0 +1,86 @@
+// src/redis/command.hpp — a check as Redis sees it: the script call sent, and the reply read back.
+//
+// Pure functions over values: no socket, no hiredis context (a reply is hiredis's plain
+// `redisReply` struct), so all of it is unit-tested without a redis-server.
+//   - prepare_script: a rule → its script and packed parameters, made once per rule (validated:
+//     the rule itself, and what the scripts compute exactly, exactness.hpp);
+//   - evalsha_command: one check → the RESP text of EVALSHA sha numkeys keys... now cost
+//     params... deadline; eval_command: the same call as EVAL, sent after NOSCRIPT;
+//   - parse_reply: a script's reply → its decision; reply_time and is_expired_reply read what
+//     every reply carries; parse_time_reply reads TIME's.
+// The arguments and replies of the scripts are laid out in scripts.hpp.
+//
+//   auto call = sluice::detail::prepare_script(rule);                  // once, at prepare()
+//   auto cmd = sluice::detail::evalsha_command(*call, rule, req, "sluice:", -1, deadline_us);
+//   ... send cmd.text, then on the reply:
+//   sluice::result<sluice::decision> d = sluice::detail::parse_reply(*call, *reply);
+//
+// Thread-safe: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "sluice/backend.hpp"
+#include "sluice/decision.hpp"
+#include "sluice/error.hpp"
+#include "sluice/policy.hpp"
+
+struct redisReply;  // <hiredis/hiredis.h>
+
+namespace sluice::detail {
+
+/// What every check of one rule sends besides its keys, cost and deadline.
+struct prepared_script {
+  std::size_t script = 0;         ///< Index into scripts().
+  bool dual = false;              ///< A dual-layer rule: two keys, two layers in the reply.
+  std::int64_t limit = 0;         ///< Single: the rule's capacity; dual: the user layer's.
+  std::int64_t tenant_limit = 0;  ///< Dual only: the tenant layer's capacity.
+  std::string params;             ///< RESP bulk strings: the tenant's then the user's, or the rule's.
+};
+
+/// The script and packed parameters of `r`. Errors (nothing made): what validate(r) refuses, and
+/// what the scripts cannot compute exactly (errc::invalid_argument, exactness.hpp).
+result<prepared_script> prepare_script(const rule& r);
+
+/// One script call in RESP, with the offsets its EVAL form needs.
+struct command {
+  std::string text;        ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
+  std::size_t header = 0;  ///< Length of "*argc CRLF".
+  std::size_t rest = 0;    ///< Offset of numkeys: what EVAL shares with EVALSHA.
+};
+
+/// The EVALSHA of one check of `r`, prepared as `p`: the keys (keys.hpp) under `key_prefix`, then
+/// `now_us` (-1: the script reads the server's TIME), the cost, the parameters and `deadline_us`
+/// (server µs after which the script records nothing; -1: none).
+/// Precondition: validate(req) passed and `req` checks `r`.
+command evalsha_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                        std::int64_t now_us, std::int64_t deadline_us);
+
+/// The call of `c` as EVAL with the script's `body` in place of EVALSHA and its hash.
+std::string eval_command(const command& c, std::string_view body);
+
+/// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
+/// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.
+const std::string& oom_probe_command();
+
+/// The server time (µs) every script reply ends with, or -1 when it does not (or is out of the
+/// 0..2^53 the scripts compute in).
+std::int64_t reply_time(const redisReply& r) noexcept;
+
+/// True for {-1, now}: the script found its deadline passed and recorded nothing.
+bool is_expired_reply(const redisReply& r) noexcept;
+
+/// The decision of a script's reply: {allowed, remaining, retry µs, reset µs, now} for a single
+/// layer, each layer's four then now for two (combined as in process, combine_layers). Anything
+/// else — another type, another length, a non-integer element, allowed not 0 or 1 — is
+/// errc::backend_protocol. A negative remaining counts as 0; a negative or overlong retry or reset
+/// is `never`; retry_after is 0 when admitted.
+result<decision> parse_reply(const prepared_script& p, const redisReply& r);
+
+/// TIME's reply {seconds, microseconds} (two decimal strings) in µs, or -1 when malformed.
+std::int64_t parse_time_reply(const redisReply& r) noexcept;
+
+}  // namespace sluice::detail
