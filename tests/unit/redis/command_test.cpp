@@ -1,0 +1,397 @@
+// What a check sends to Redis and how its reply is read, without a redis-server: argument vectors
+// built from prepared rules and requests, and replies — good and hostile (wrong types, short and
+// long arrays, huge and negative integers) — built by hand as hiredis would hand them over.
+#include "redis/command.hpp"
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <chrono>
+#include <deque>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "redis/keys.hpp"
+#include "redis/scripts.hpp"
+#include "sluice/gcra.hpp"
+
+namespace sluice::detail {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Decodes one RESP array of bulk strings (what a command is), failing the test on anything else.
+std::vector<std::string> decode(std::string_view resp) {
+  std::vector<std::string> args;
+  auto number = [&](char lead) -> long long {
+    EXPECT_FALSE(resp.empty());
+    if (resp.empty() || resp[0] != lead) {
+      ADD_FAILURE() << "expected '" << lead << "' at: " << resp.substr(0, 20);
+      return -1;
+    }
+    const auto crlf = resp.find("\r\n");
+    const long long n = std::stoll(std::string(resp.substr(1, crlf - 1)));
+    resp.remove_prefix(crlf + 2);
+    return n;
+  };
+  const long long argc = number('*');
+  for (long long i = 0; i < argc; ++i) {
+    const long long len = number('$');
+    if (len < 0 || static_cast<std::size_t>(len) + 2 > resp.size()) {
+      ADD_FAILURE() << "bad bulk length " << len;
+      return args;
+    }
+    args.emplace_back(resp.substr(0, static_cast<std::size_t>(len)));
+    EXPECT_EQ(resp.substr(static_cast<std::size_t>(len), 2), "\r\n");
+    resp.remove_prefix(static_cast<std::size_t>(len) + 2);
+  }
+  EXPECT_TRUE(resp.empty()) << "trailing bytes: " << resp;
+  return args;
+}
+
+// Replies as hiredis's reader makes them; every node lives as long as the builder.
+class replies {
+ public:
+  redisReply* integer(long long v) {
+    redisReply& r = node(REDIS_REPLY_INTEGER);
+    r.integer = v;
+    return &r;
+  }
+  redisReply* string(std::string s, int type = REDIS_REPLY_STRING) {
+    redisReply& r = node(type);
+    std::string& held = strings_.emplace_back(std::move(s));
+    r.str = held.data();
+    r.len = held.size();
+    return &r;
+  }
+  redisReply* nil() { return &node(REDIS_REPLY_NIL); }
+  redisReply* array(std::vector<redisReply*> elements) {
+    redisReply& r = node(REDIS_REPLY_ARRAY);
+    std::vector<redisReply*>& held = arrays_.emplace_back(std::move(elements));
+    r.elements = held.size();
+    r.element = held.empty() ? nullptr : held.data();
+    return &r;
+  }
+  redisReply* integers(std::initializer_list<long long> values) {
+    std::vector<redisReply*> e;
+    for (long long v : values) e.push_back(integer(v));
+    return array(std::move(e));
+  }
+
+ private:
+  redisReply& node(int type) {
+    redisReply& r = nodes_.emplace_back();
+    r.type = type;
+    return r;
+  }
+  std::deque<redisReply> nodes_;
+  std::deque<std::string> strings_;
+  std::deque<std::vector<redisReply*>> arrays_;
+};
+
+constexpr long long now_us = 1'700'000'000'000'000;
+
+prepared_script prepared(const rule& r) {
+  auto p = prepare_script(r);
+  EXPECT_TRUE(p.ok()) << p.error().message;
+  return p.ok() ? std::move(p).value() : prepared_script{};
+}
+
+// --- prepare_script -----------------------------------------------------------------------------
+
+TEST(PrepareScript, TokenBucketParametersAreIntegerNanoseconds) {
+  const rule r{.name = "api", .limit = token_bucket_policy(per_second(1000), 10)};
+  prepared_script p = prepared(r);
+  EXPECT_EQ(p.script, single_script(algorithm::token_bucket));
+  EXPECT_FALSE(p.dual);
+  EXPECT_EQ(p.limit, 10);
+  // interval 1 ms, tolerance burst × interval, burst.
+  EXPECT_EQ(decode("*3\r\n" + p.params), (std::vector<std::string>{"1000000", "10000000", "10"}));
+  const gcra_params g = make_gcra_params(per_second(5), 60);
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "b", .limit = token_bucket_policy(per_second(5), 60)}).params),
+            (std::vector<std::string>{std::to_string(g.interval_ns), std::to_string(g.tolerance_ns), "60"}));
+  // An infinite rate: interval 0.
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "i", .limit = token_bucket_policy(rate::infinite(), 3)}).params)[0], "0");
+}
+
+TEST(PrepareScript, WindowsAreWholeMicrosecondsRoundedUpAndCapped) {
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = sliding_window_policy(100, 60s)}).params),
+            (std::vector<std::string>{"100", "60000000", "0"}));
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = fixed_window_policy(7, 1500ns)}).params)[1], "2");
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = fixed_window_policy(7, 1000ns)}).params)[1], "1");
+  // Longer than 2^52 µs (~142 years) acts as 2^52 µs.
+  const rule huge{.name = "w", .limit = sliding_window_counter_policy(7, nanoseconds::max())};
+  EXPECT_EQ(decode("*3\r\n" + prepared(huge).params)[1], std::to_string(std::int64_t{1} << 52));
+  prepared_script p = prepared({.name = "w", .limit = sliding_window_counter_policy(7, 1s)});
+  EXPECT_EQ(p.script, single_script(algorithm::sliding_window_counter));
+  EXPECT_EQ(p.limit, 7);
+}
+
+TEST(PrepareScript, DualLayerSendsTheTenantFirst) {
+  const rule r{.name = "d", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1000), 6)};
+  prepared_script p = prepared(r);
+  EXPECT_TRUE(p.dual);
+  EXPECT_EQ(p.script, dual_script(algorithm::token_bucket, algorithm::sliding_window_log));
+  EXPECT_EQ(p.limit, 3);
+  EXPECT_EQ(p.tenant_limit, 6);
+  EXPECT_EQ(decode("*6\r\n" + p.params), (std::vector<std::string>{"1000000", "6000000", "6", "3", "60000000", "0"}));
+}
+
+TEST(PrepareScript, RefusesWhatItCannotComputeExactly) {
+  struct bad_case {
+    rule r;
+    const char* message;
+  };
+  const bad_case cases[] = {
+      {{.name = "zero", .limit = sliding_window_policy(0, 1s)}, "limit must be > 0"},
+      {{.name = "fast", .limit = token_bucket_policy(per_second(2e6), 10)}, "rule 'fast': rate 2000000 per second"},
+      {{.name = "big", .limit = fixed_window_policy((std::int64_t{1} << 53) + 1, 1s)}, "rule 'big': limit 9007199254740993"},
+      {{.name = "deep", .limit = token_bucket_policy(per_second(1), (std::int64_t{1} << 53) + 1)}, "rule 'deep': burst"},
+      {{.name = "t", .limit = sliding_window_policy(1, 1s), .tenant = sliding_window_policy((std::int64_t{1} << 53) + 1, 1s)},
+       "rule 't' tenant layer: limit"},
+  };
+  for (const bad_case& c : cases) {
+    auto p = prepare_script(c.r);
+    ASSERT_FALSE(p.ok()) << c.r.name;
+    EXPECT_EQ(p.error(), errc::invalid_argument) << c.r.name;
+    EXPECT_NE(p.error().message.find(c.message), std::string::npos) << p.error().message;
+  }
+  // The largest exact values pass.
+  EXPECT_TRUE(prepare_script({.name = "ok", .limit = token_bucket_policy(per_second(1e6), std::int64_t{1} << 53)}).ok());
+}
+
+// --- evalsha_command, eval_command ----------------------------------------------------------------
+
+TEST(EvalshaCommand, SingleLayerArguments) {
+  const rule r{.name = "api", .limit = sliding_window_policy(100, 60s)};
+  prepared_script p = prepared(r);
+  command c = evalsha_command(p, r, {.rule = &r, .key = "user:42", .cost = 3}, "app:", -1, 123456);
+  const auto& s = scripts()[p.script];
+  EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", s.sha1, "1",
+                                                      single_key("app:", "api", "user:42", algorithm::sliding_window_log),
+                                                      "-1", "3", "100", "60000000", "0", "123456"}));
+  EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
+  EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
+  // A test clock's `now`, no deadline.
+  command t = evalsha_command(p, r, {.rule = &r, .key = "k"}, "sluice:", now_us, -1);
+  const auto args = decode(t.text);
+  EXPECT_EQ(args[4], std::to_string(now_us));
+  EXPECT_EQ(args[9], "-1");
+}
+
+TEST(EvalshaCommand, DualLayerArguments) {
+  const rule r{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
+  prepared_script p = prepared(r);
+  command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
+  EXPECT_EQ(decode(c.text),
+            (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
+                                      tenant_key("sluice:", "d", "acme", algorithm::fixed_window),
+                                      user_key("sluice:", "d", "acme", "bob", algorithm::fixed_window), "-1", "1", "10",
+                                      "60000000", "0", "3", "60000000", "0", "-1"}));
+  EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
+}
+
+TEST(EvalshaCommand, HostileIdsStayOneArgument) {
+  const rule r{.name = "api", .limit = fixed_window_policy(3, 1min)};
+  const std::string id("a\r\n$5\r\n*1\r\n\0}{:%", 16);
+  command c = evalsha_command(prepared(r), r, {.rule = &r, .key = id}, "sluice:", -1, -1);
+  const auto args = decode(c.text);
+  ASSERT_EQ(args.size(), 10u);
+  EXPECT_EQ(args[3], single_key("sluice:", "api", id, algorithm::fixed_window));
+}
+
+TEST(EvalCommand, SendsTheBodyInPlaceOfTheHash) {
+  const rule r{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
+  prepared_script p = prepared(r);
+  command c = evalsha_command(p, r, {.rule = &r, .key = "k", .cost = 2}, "sluice:", -1, 99);
+  auto sha = decode(c.text);
+  auto eval = decode(eval_command(c, scripts()[p.script].body));
+  ASSERT_EQ(eval.size(), sha.size());
+  EXPECT_EQ(eval[0], "EVAL");
+  EXPECT_EQ(eval[1], scripts()[p.script].body);
+  EXPECT_EQ(std::vector<std::string>(eval.begin() + 2, eval.end()), std::vector<std::string>(sha.begin() + 2, sha.end()));
+}
+
+TEST(OomProbeCommand, EvalOfAWritingScriptThatWritesNothing) {
+  EXPECT_EQ(decode(oom_probe_command()), (std::vector<std::string>{"EVAL", "#!lua\nreturn 1", "0"}));
+}
+
+// --- parse_reply ----------------------------------------------------------------------------------
+
+const rule single_rule{.name = "s", .limit = token_bucket_policy(per_second(5), 60)};
+const rule dual_rule{.name = "d", .limit = sliding_window_policy(3, 1min), .tenant = sliding_window_policy(10, 1min)};
+
+TEST(ParseReply, AdmittedAndRefused) {
+  replies b;
+  prepared_script p = prepared(single_rule);
+  auto ok = parse_reply(p, *b.integers({1, 59, 0, 200'000, now_us}));
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_TRUE(ok->allowed);
+  EXPECT_EQ(ok->limit, 60);
+  EXPECT_EQ(ok->remaining, 59);
+  EXPECT_EQ(ok->retry_after, 0ns);
+  EXPECT_EQ(ok->reset_after, 200ms);
+  auto no = parse_reply(p, *b.integers({0, 0, 200'000, 12'000'000, now_us}));
+  ASSERT_TRUE(no.ok());
+  EXPECT_FALSE(no->allowed);
+  EXPECT_EQ(no->remaining, 0);
+  EXPECT_EQ(no->retry_after, 200ms);
+  EXPECT_EQ(no->reset_after, 12s);
+  // An admitted check has no retry_after, whatever the script says.
+  EXPECT_EQ(parse_reply(p, *b.integers({1, 0, 5'000, 0, now_us}))->retry_after, 0ns);
+}
+
+TEST(ParseReply, DualLayerCombinesAsInProcess) {
+  replies b;
+  prepared_script p = prepared(dual_rule);
+  auto d = parse_reply(p, *b.integers({1, 9, 0, 60'000'000, 0, 0, 20'000'000, 60'000'000, now_us}));
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  decision tenant{.allowed = true, .limit = 10, .remaining = 9, .retry_after = 0ns, .reset_after = 60s};
+  decision user{.allowed = false, .limit = 3, .remaining = 0, .retry_after = 20s, .reset_after = 60s};
+  const decision expected = combine_layers(tenant, user);
+  EXPECT_EQ(d->allowed, expected.allowed);
+  EXPECT_FALSE(d->allowed);
+  EXPECT_EQ(d->rejected_by, expected.rejected_by);
+  EXPECT_EQ(d->limit, expected.limit);
+  EXPECT_EQ(d->remaining, expected.remaining);
+  EXPECT_EQ(d->retry_after, expected.retry_after);
+  EXPECT_EQ(d->reset_after, expected.reset_after);
+  EXPECT_EQ(d->tenant.limit, 10);
+  EXPECT_EQ(d->user.limit, 3);
+  EXPECT_TRUE(d->dual_layer);
+}
+
+TEST(ParseReply, HostileShapesAreProtocolErrors) {
+  replies b;
+  prepared_script single = prepared(single_rule);
+  prepared_script dual = prepared(dual_rule);
+  const std::vector<redisReply*> bad_single = {
+      b.integer(1),                                                   // not an array
+      b.string("1 59 0 0 0"),                                         // a string
+      b.string("ERR boom", REDIS_REPLY_ERROR),                        // an error
+      b.string("OK", REDIS_REPLY_STATUS),                             // a status
+      b.nil(),                                                        // nil
+      b.array({}),                                                    // empty
+      b.integers({1, 59, 0, 200'000}),                                // short: no time
+      b.integers({1, 59, 0, 200'000, now_us, 7}),                     // long
+      b.integers({-1, now_us}),                                       // the expired reply
+      b.integers({2, 59, 0, 0, now_us}),                              // allowed is not 0 or 1
+      b.integers({-1, 59, 0, 0, now_us}),                             //
+      b.integers({std::numeric_limits<long long>::max(), 1, 1, 1, now_us}),  //
+      b.array({b.integer(1), b.string("59"), b.integer(0), b.integer(0), b.integer(now_us)}),  // a string element
+      b.array({b.integer(1), b.nil(), b.integer(0), b.integer(0), b.integer(now_us)}),         // a nil element
+      b.array({b.integer(1), b.integers({59}), b.integer(0), b.integer(0), b.integer(now_us)}),  // nested
+      b.integers({1, 9, 0, 0, 1, 2, 0, 0, now_us}),                   // a dual reply to a single rule
+  };
+  for (std::size_t i = 0; i < bad_single.size(); ++i) {
+    auto d = parse_reply(single, *bad_single[i]);
+    ASSERT_FALSE(d.ok()) << "case " << i;
+    EXPECT_EQ(d.error(), errc::backend_protocol) << "case " << i;
+    EXPECT_EQ(d.error().message, "unexpected reply from the rate-limit script") << "case " << i;
+  }
+  const std::vector<redisReply*> bad_dual = {
+      b.integers({1, 59, 0, 200'000, now_us}),             // a single reply to a dual rule
+      b.integers({1, 9, 0, 0, 1, 2, 0, 0}),                // short
+      b.integers({3, 9, 0, 0, 1, 2, 0, 0, now_us}),        // tenant allowed not 0 or 1
+      b.integers({1, 9, 0, 0, -1, 2, 0, 0, now_us}),       // user allowed not 0 or 1
+      b.array({b.integer(1), b.integer(9), b.integer(0), b.integer(0), b.string("1"), b.integer(2), b.integer(0),
+               b.integer(0), b.integer(now_us)}),
+      b.integer(0),
+  };
+  for (std::size_t i = 0; i < bad_dual.size(); ++i) {
+    auto d = parse_reply(dual, *bad_dual[i]);
+    ASSERT_FALSE(d.ok()) << "case " << i;
+    EXPECT_EQ(d.error(), errc::backend_protocol) << "case " << i;
+    EXPECT_EQ(d.error().message, "unexpected reply from the dual-layer script") << "case " << i;
+  }
+}
+
+// Numbers a script should never send still give a decision that cannot be read as more lenient
+// than "never": negative counts are 0, negative or overlong durations are `never`.
+TEST(ParseReply, HugeAndNegativeValues) {
+  replies b;
+  prepared_script p = prepared(single_rule);
+  constexpr long long max = std::numeric_limits<long long>::max();
+  constexpr long long min = std::numeric_limits<long long>::min();
+  auto negative = parse_reply(p, *b.integers({0, -5, -1, -1, now_us}));
+  ASSERT_TRUE(negative.ok());
+  EXPECT_EQ(negative->remaining, 0);
+  EXPECT_EQ(negative->retry_after, never);  // -1: "never", as the scripts say for a bucket that cannot refill
+  EXPECT_EQ(negative->reset_after, never);
+  auto lowest = parse_reply(p, *b.integers({0, min, min, min, now_us}));
+  ASSERT_TRUE(lowest.ok());
+  EXPECT_EQ(lowest->remaining, 0);
+  EXPECT_EQ(lowest->retry_after, never);
+  EXPECT_EQ(lowest->reset_after, never);
+  // µs beyond what ns can hold are `never`, not an overflow.
+  auto huge = parse_reply(p, *b.integers({0, max, max, max, now_us}));
+  ASSERT_TRUE(huge.ok());
+  EXPECT_EQ(huge->remaining, max);
+  EXPECT_EQ(huge->retry_after, never);
+  EXPECT_EQ(huge->reset_after, never);
+  const long long edge = max / 1000;
+  auto at_edge = parse_reply(p, *b.integers({0, 1, edge, edge + 1, now_us}));
+  ASSERT_TRUE(at_edge.ok());
+  EXPECT_EQ(at_edge->retry_after, nanoseconds(edge * 1000));
+  EXPECT_EQ(at_edge->reset_after, never);
+  // The time the reply ends with does not enter the decision.
+  EXPECT_TRUE(parse_reply(p, *b.integers({1, 1, 0, 0, -7})).ok());
+  EXPECT_TRUE(parse_reply(p, *b.integers({1, 1, 0, 0, max})).ok());
+}
+
+// --- reply_time, is_expired_reply, parse_time_reply ---------------------------------------------
+
+TEST(ReplyTime, TheLastIntegerWithinTwoToThe53) {
+  replies b;
+  EXPECT_EQ(reply_time(*b.integers({1, 59, 0, 0, now_us})), now_us);
+  EXPECT_EQ(reply_time(*b.integers({-1, now_us})), now_us);
+  EXPECT_EQ(reply_time(*b.integers({0})), 0);
+  EXPECT_EQ(reply_time(*b.integers({1, (1LL << 53) - 1})), (1LL << 53) - 1);
+  EXPECT_EQ(reply_time(*b.integers({1, 1LL << 53})), -1);
+  EXPECT_EQ(reply_time(*b.integers({1, -1})), -1);
+  EXPECT_EQ(reply_time(*b.integers({1, std::numeric_limits<long long>::min()})), -1);
+  EXPECT_EQ(reply_time(*b.array({b.integer(1), b.string("1700000000000000")})), -1);
+  EXPECT_EQ(reply_time(*b.array({})), -1);
+  EXPECT_EQ(reply_time(*b.integer(now_us)), -1);
+  EXPECT_EQ(reply_time(*b.nil()), -1);
+}
+
+TEST(IsExpiredReply, OnlyMinusOneAndTheTime) {
+  replies b;
+  EXPECT_TRUE(is_expired_reply(*b.integers({-1, now_us})));
+  EXPECT_TRUE(is_expired_reply(*b.array({b.integer(-1), b.string("x")})));  // the time is read apart
+  EXPECT_FALSE(is_expired_reply(*b.integers({-1})));
+  EXPECT_FALSE(is_expired_reply(*b.integers({-1, now_us, 0})));
+  EXPECT_FALSE(is_expired_reply(*b.integers({0, now_us})));
+  EXPECT_FALSE(is_expired_reply(*b.array({b.string("-1"), b.integer(now_us)})));
+  EXPECT_FALSE(is_expired_reply(*b.integers({1, 59, 0, 0, now_us})));
+  EXPECT_FALSE(is_expired_reply(*b.integer(-1)));
+}
+
+TEST(ParseTimeReply, SecondsAndMicroseconds) {
+  replies b;
+  EXPECT_EQ(parse_time_reply(*b.array({b.string("1700000000"), b.string("123456")})), 1'700'000'000'123'456);
+  EXPECT_EQ(parse_time_reply(*b.array({b.string("0"), b.string("0")})), 0);
+  EXPECT_EQ(parse_time_reply(*b.array({b.string("1700000000"), b.string("999999")})), 1'700'000'000'999'999);
+  const std::vector<redisReply*> bad = {
+      b.array({b.string("1700000000")}),                                      // short
+      b.array({b.string("1"), b.string("2"), b.string("3")}),                 // long
+      b.array({b.integer(1700000000), b.integer(5)}),                         // integers
+      b.array({b.string("-1"), b.string("0")}),                               // negative seconds
+      b.array({b.string("1"), b.string("-1")}),                               // negative µs
+      b.array({b.string("1"), b.string("1000000")}),                          // µs of another second
+      b.array({b.string("1"), b.string("9223372036854775807")}),              // would overflow
+      b.array({b.string(std::to_string((1LL << 40) + 1)), b.string("0")}),    // beyond 2^40 s
+      b.array({b.string("99999999999999999999"), b.string("0")}),             // out of range
+      b.array({b.string("abc"), b.string("0")}),                              // not a number
+      b.array({b.string(""), b.string("0")}),                                 // empty
+      b.string("1700000000 0"),
+      b.nil(),
+  };
+  for (std::size_t i = 0; i < bad.size(); ++i) EXPECT_EQ(parse_time_reply(*bad[i]), -1) << "case " << i;
+}
+
+}  // namespace
+}  // namespace sluice::detail
