@@ -12,15 +12,9 @@
 
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
+#include "sluice/server/api.hpp"
 
 namespace sluice::server {
-
-/// Where a rule in force came from.
-struct rule_origin {
-  std::string source;              ///< "file" or "etcd"
-  std::string key;                 ///< the etcd key; "" for the file
-  std::int64_t mod_revision = 0;   ///< the etcd key's mod_revision; 0 for the file
-};
 
 /// One key under the watched prefix, as etcd holds it.
 struct etcd_value {

@@ -61,12 +61,19 @@ int run(const server_options& options) {
   std::signal(SIGPIPE, SIG_IGN);
   int rc = 0;
   {
-    auto snap = make_snapshot(std::move(*cfg), **b, nullptr);
+    const etcd_settings etcd = cfg->etcd;
+    auto snap = make_snapshot(std::move(*cfg), {}, **b, nullptr);
     if (!snap) {
       spdlog::error("event=config_invalid error={}", log_value(snap.error().message));
       return 1;
     }
     service svc(options.config_path, std::move(*snap), std::move(*b));
+    if (etcd.enabled) {
+      if (auto started = svc.start_etcd(etcd); !started) {
+        spdlog::error("event=config_invalid error={}", log_value(started.error().message));
+        return 1;
+      }
+    }
     rc = svc.run(*endpoint, threads);
   }
   return rc;

@@ -9,6 +9,7 @@
 
 #include "sluice/prometheus.hpp"
 #include "sluice/server/server.hpp"
+#include "server/rule_sources.hpp"
 
 namespace sluice::server {
 
@@ -25,6 +26,17 @@ constexpr auto accept_backoff = std::chrono::milliseconds(100);
 std::string service::render_metrics() {
   std::string out = metrics_.render({.backend_ready = backend_->ready()});
   backend_->append_metrics(out);
+  const auto all = sources();
+  prometheus::family(out, "sluice_config_source_up", "gauge",
+                     "1 when the source of rules is current (the file is; etcd: its watch is live).");
+  for (const auto& s : all) prometheus::sample(out, "sluice_config_source_up{source=\"" + s.name + "\"}", std::int64_t{s.connected ? 1 : 0});
+  prometheus::family(out, "sluice_config_revision", "gauge",
+                     "The version of each source in force: the file's successful loads, etcd's store revision.");
+  for (const auto& s : all) prometheus::sample(out, "sluice_config_revision{source=\"" + s.name + "\"}", s.revision);
+  prometheus::family(out, "sluice_config_errors_total", "counter",
+                     "Rules refused, by source: a file that failed to load, an etcd value that failed to parse or validate.");
+  prometheus::sample(out, "sluice_config_errors_total{source=\"file\"}", metrics_.reload_failures());
+  if (etcd_) prometheus::sample(out, "sluice_config_errors_total{source=\"etcd\"}", etcd_errors_.load(std::memory_order_relaxed));
   prometheus::family(out, "sluice_http_requests_in_flight", "gauge",
                      "Requests read and not yet answered (this scrape included).");
   prometheus::sample(out, "sluice_http_requests_in_flight",
@@ -190,7 +202,7 @@ void service::arm_housekeeping() {
   });
 }
 
-// Loads the file again; on success swaps the rules in, keeping the state of unchanged rules.
+// Loads the file again; on success its rules (under etcd's, when etcd is a source) are swapped in.
 void service::reload(std::string_view trigger) {
   std::lock_guard reload_lock(reload_mu_);
   config_file_.mark_loaded();
@@ -214,28 +226,100 @@ void service::reload(std::string_view trigger) {
       next.backend.database != old->cfg.backend.database) {
     spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
   }
+  if (next.etcd.enabled != old->cfg.etcd.enabled || next.etcd.endpoints != old->cfg.etcd.endpoints ||
+      next.etcd.prefix != old->cfg.etcd.prefix) {
+    spdlog::warn("event=reload_restart_needed section=etcd message=\"[etcd] applies at the next start\"");
+  }
   next.backend = old->cfg.backend;
+  next.etcd = old->cfg.etcd;
   next.server.listen = old->cfg.server.listen;
   next.server.threads = old->cfg.server.threads;
-  const bool enabled = next.enabled;
-  auto snap = make_snapshot(std::move(next), *backend_, old.get());
-  if (!snap) {
+  std::vector<rule> file_rules = next.rules;
+  if (!publish(std::move(next), trigger)) {
     metrics_.record_reload(false);
-    spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(snap.error().message));
     return;
+  }
+  file_rules_ = std::move(file_rules);
+  file_loads_.fetch_add(1, std::memory_order_relaxed);
+  metrics_.record_reload(true);
+}
+
+// `settings` with its rules from the file; etcd's rules are merged over them. Called under reload_mu_.
+bool service::publish(config settings, std::string_view trigger) {
+  merged_rules merged = merge_rules(settings.rules, etcd_rules_.get());
+  settings.rules = std::move(merged.rules);
+  auto old = current();
+  const bool enabled = settings.enabled;
+  auto snap = make_snapshot(std::move(settings), std::move(merged.origins), *backend_, old.get());
+  if (!snap) {
+    spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(snap.error().message));
+    return false;
   }
   // Checks already running keep the old snapshot, and with it the old rules' state; new checks
   // get the new one, where a changed rule starts afresh.
   const std::size_t rules = (*snap)->rules->size();
-  const std::size_t reset = old->rules->size() - (*snap)->rules->kept();
+  const std::size_t reset = rules - (*snap)->rules->kept();
   {
     std::lock_guard lock(mu_);
     current_ = std::move(*snap);
     version_.fetch_add(1, std::memory_order_release);
   }
-  metrics_.record_reload(true);
   spdlog::info("event=reload result=success trigger={} rules={} enabled={} reset_rules={} version={}", trigger,
                rules, enabled, reset, current()->rules->version());
+  return true;
+}
+
+// Starts the watch of [etcd]'s prefix: its rules join the file's as they arrive.
+result<void> service::start_etcd(const etcd_settings& settings) {
+  etcd_rules_ = std::make_unique<etcd_rules>(settings.prefix, [this](const rule& r) -> result<void> {
+    auto prepared = backend_->prepare(r);
+    if (!prepared) return prepared.error();
+    return {};
+  });
+  auto source = etcd_source::start(settings, [this] { net::post(ioc_, [this] { apply_etcd(); }); });
+  if (!source) return source.error();
+  etcd_ = std::move(*source);
+  return {};
+}
+
+// On the control thread, after etcd's prefix or connection changed (coalesced).
+void service::apply_etcd() {
+  std::lock_guard reload_lock(reload_mu_);
+  etcd_source::state state = etcd_->read();
+  {
+    std::lock_guard lock(status_mu_);
+    etcd_status_ = state.status;
+  }
+  std::vector<etcd_value> values;
+  values.reserve(state.values.size());
+  for (const auto& v : state.values) values.push_back({v.key, v.value, v.mod_revision});
+  bool changed = false;
+  for (const rejected_value& r : etcd_rules_->apply(values, changed)) {
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key),
+                  r.mod_revision, log_value(r.reason));
+  }
+  if (!changed) return;
+  config settings = current()->cfg;
+  settings.rules = file_rules_;
+  if (!publish(std::move(settings), "etcd")) etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+}
+
+std::vector<rule_source_status> service::sources() {
+  std::vector<rule_source_status> out;
+  out.push_back({.name = "file",
+                 .connected = true,
+                 .revision = static_cast<std::int64_t>(file_loads_.load(std::memory_order_relaxed)),
+                 .detail = config_file_.path()});
+  if (etcd_) {
+    std::lock_guard lock(status_mu_);
+    out.push_back(etcd_status_);
+  }
+  return out;
+}
+
+std::string service::render_rules(const snapshot& snap) {
+  return server::render_rules(snap.cfg.rules, snap.origins, snap.rules->version(), sources());
 }
 
 void service::begin_drain() {

@@ -21,7 +21,9 @@
 #include "sluice/server/metrics.hpp"
 #include "core/log_throttle.hpp"
 #include "server/config_file_watch.hpp"
+#include "server/etcd_source.hpp"
 #include "server/log_fields.hpp"
+#include "server/rule_sources.hpp"
 #include "server/session.hpp"
 #include "server/snapshot.hpp"
 
@@ -35,6 +37,7 @@ class service {
         backend_(std::move(b)),
         metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
         current_(std::move(snap)),
+        file_rules_(current_->cfg.rules),
         acceptor_(ioc_),
         signals_(ioc_, SIGTERM, SIGINT, SIGHUP),
         watch_timer_(ioc_),
@@ -66,6 +69,11 @@ class service {
 
   // sluiced's own counters, then the backend's (whatever it is), then the requests in flight.
   std::string render_metrics();
+  // GET /v1/rules for `snap`.
+  std::string render_rules(const snapshot& snap);
+
+  // Watches [etcd]'s prefix for rules. Before run().
+  result<void> start_etcd(const etcd_settings& settings);
 
   int run(const tcp::endpoint& endpoint, unsigned threads);
 
@@ -98,6 +106,9 @@ class service {
 
   // Loads the file again; on success swaps the rules in, keeping the state of unchanged rules.
   void reload(std::string_view trigger);
+  bool publish(config settings, std::string_view trigger);
+  void apply_etcd();
+  std::vector<rule_source_status> sources();
 
   void begin_drain();
 
@@ -117,6 +128,13 @@ class service {
   std::shared_ptr<const snapshot> current_;
   std::atomic<std::uint64_t> version_{0};
   std::mutex reload_mu_;
+  // Guarded by reload_mu_: the file's rules as last loaded, and etcd's (null without [etcd]).
+  std::vector<rule> file_rules_;
+  std::unique_ptr<etcd_rules> etcd_rules_;
+  std::atomic<std::uint64_t> file_loads_{1};
+  std::atomic<std::uint64_t> etcd_errors_{0};
+  std::mutex status_mu_;
+  rule_source_status etcd_status_{.name = "etcd", .connected = false};  // guarded by status_mu_
   tcp::acceptor acceptor_;
   net::signal_set signals_;
   net::steady_timer watch_timer_;
@@ -132,6 +150,8 @@ class service {
   std::atomic<int> workers_to_drain_{0};
   steady::time_point drain_deadline_;
   std::size_t next_ = 0;
+  // Last: its thread posts to ioc_ and calls into this service until it is joined.
+  std::unique_ptr<etcd_source> etcd_;
 };
 
 }  // namespace sluice::server

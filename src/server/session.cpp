@@ -144,6 +144,10 @@ void session::handle() {
     if (method != bhttp::verb::post) return reply_error({405, "method_not_allowed", "use POST for /v1/check"});
     return handle_check();
   }
+  if (target == "/v1/rules") {
+    if (!get) return reply_error({405, "method_not_allowed", "use GET for /v1/rules"});
+    return reply(bhttp::status::ok, svc_.render_rules(*svc_.current_for(worker_)), "application/json");
+  }
   if (target == "/healthz" || target == "/readyz" || target == "/metrics") {
     if (!get) return reply_error({405, "method_not_allowed", "use GET for " + std::string(target)});
     if (target == "/healthz") return reply(bhttp::status::ok, "{\"status\":\"ok\"}", "application/json");
@@ -250,7 +254,9 @@ void session::finish_check() {
 }
 
 void session::reply_error(const api_error& e) {
-  if (e.status == 405) extra_headers_ += req_.target().starts_with("/v1/") ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+  if (e.status == 405) {
+    extra_headers_ += req_.target().starts_with("/v1/check") ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+  }
   reply(static_cast<bhttp::status>(e.status), render_error(e), "application/json");
 }
 
