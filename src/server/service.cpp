@@ -255,17 +255,17 @@ bool service::publish(config settings, std::string_view trigger) {
     spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(snap.error().message));
     return false;
   }
-  // Checks already running keep the old snapshot, and with it the old rules' state; new checks
-  // get the new one, where a changed rule starts afresh.
+  // Checks already running keep the old snapshot; new checks get the new one, where a rule whose
+  // limits alone changed keeps its keys' state and any other change starts afresh.
   const std::size_t rules = (*snap)->rules->size();
-  const std::size_t reset = rules - (*snap)->rules->kept();
+  const std::size_t changed = rules - (*snap)->rules->kept();
   {
     std::lock_guard lock(mu_);
     current_ = std::move(*snap);
     version_.fetch_add(1, std::memory_order_release);
   }
-  spdlog::info("event=reload result=success trigger={} rules={} enabled={} reset_rules={} version={}", trigger,
-               rules, enabled, reset, current()->rules->version());
+  spdlog::info("event=reload result=success trigger={} rules={} enabled={} changed_rules={} version={}", trigger,
+               rules, enabled, changed, current()->rules->version());
   return true;
 }
 
