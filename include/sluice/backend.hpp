@@ -87,6 +87,13 @@ class backend {
   /// parameter, and nothing changes. Default: the rule, validated, and nothing else.
   virtual result<prepared_rule_ptr> prepare(const rule& r);
 
+  /// Prepares `r`, a new definition of `previous`'s rule. When only limits changed (not the
+  /// algorithm, window or layers), a backend carries its keys' state over: a window's counts stay
+  /// under the new limit, a token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst). The
+  /// memory backend does so here; Redis keeps state on the server, which the new parameters read.
+  /// Default: prepare(r).
+  virtual result<prepared_rule_ptr> prepare_change(const rule& r, const prepared_rule& previous);
+
   /// Checks and, when admitted, records `req.cost`. Blocks at most the backend's timeout.
   virtual result<decision> check(const check_request& req) = 0;
 

@@ -79,6 +79,11 @@ struct gcra_state {
     if (p.interval_ns != 0) tat = admitted_tat(p, now, cost);
   }
 
+  /// Moves to new parameters at `now` keeping the tokens the bucket holds (x/time/rate's SetLimit
+  /// and SetBurst): the tokens available, fractions included, carry over, capped by the new burst;
+  /// a full bucket stays full, an infinite rate (either side) leaves it full.
+  void retune(const gcra_params& from, const gcra_params& to, std::int64_t now) noexcept;
+
   /// The time at which the bucket is full again; an entry idle since then carries no information.
   std::int64_t idle_at(const gcra_params& /*p*/) const noexcept { return tat; }
 

@@ -47,6 +47,13 @@ class keyed_limiter {
   };
 
   static result<std::unique_ptr<keyed_limiter>> create(const options& o);
+
+  /// A limiter with policy `p` over `from`'s keys, whose state carries over at `now`: a window's
+  /// counts stay (a raised limit raises `remaining` at once, a lowered one forgives nothing), a
+  /// token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst). From then on both limiters
+  /// use `p`'s parameters; `from` keeps its policy() for what it validates. Errors: an invalid
+  /// policy, another algorithm or window.
+  static result<std::unique_ptr<keyed_limiter>> retuned(keyed_limiter& from, const sluice::policy& p, time_point now);
   ~keyed_limiter();
   keyed_limiter(const keyed_limiter&) = delete;
   keyed_limiter& operator=(const keyed_limiter&) = delete;

@@ -36,6 +36,9 @@ class limiter_state {
   decision evaluate(const compiled_policy& p, std::int64_t now, std::int64_t cost);
   void commit(const compiled_policy& p, std::int64_t now, std::int64_t cost);
   std::int64_t idle_at(const compiled_policy& p) const noexcept;
+  /// Moves to `to`, of the same algorithm and window as `from`, at `now`: a window's counts carry
+  /// over as they are (its limit applies to them from now on), a token bucket keeps its tokens.
+  void retune(const compiled_policy& from, const compiled_policy& to, std::int64_t now) noexcept;
 
  private:
   std::variant<gcra_state, sliding_window_log_state, sliding_window_counter_state, fixed_window_state> state_;

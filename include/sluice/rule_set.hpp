@@ -2,8 +2,9 @@
 //
 // A rule_set is an immutable snapshot: the prepared form of each rule (backend::prepare), where the
 // rules came from and a version. A new set is built from a previous one: a rule whose definition
-// did not change keeps its prepared form — and with it its limiter state — and any other starts
-// afresh. Whoever publishes rules (a config file's reload, and next a config centre's watch)
+// did not change keeps its prepared form — and with it its limiter state —, a rule whose limits
+// alone changed keeps its keys' state under the new limits (backend::prepare_change), and any
+// other starts afresh. Whoever publishes rules (a config file's reload, and next a config centre's watch)
 // builds a set and swaps one shared pointer; checks already running keep the set they started with.
 //
 //   auto set = sluice::rule_set::build(*backend, cfg.rules, {.source = "sluice.toml"}, previous.get());
@@ -34,7 +35,8 @@ class rule_set {
   };
 
   /// Prepares `rules` (names unique) on `b`, reusing from `previous` (may be null; built on the same
-  /// backend) every rule whose definition is unchanged. The version is previous's + 1, or 1.
+  /// backend) every rule whose definition is unchanged, and carrying over the state of those whose
+  /// limits alone changed. The version is previous's + 1, or 1.
   /// Errors: a rule the backend refuses (its name in the message), a name used twice.
   static result<std::shared_ptr<const rule_set>> build(backend& b, const std::vector<rule>& rules, origin from,
                                                        const rule_set* previous);

@@ -8,6 +8,10 @@ result<prepared_rule_ptr> backend::prepare(const rule& r) {
   return prepared_rule_ptr(std::make_shared<prepared_rule>(r, this));
 }
 
+result<prepared_rule_ptr> backend::prepare_change(const rule& r, const prepared_rule& /*previous*/) {
+  return prepare(r);
+}
+
 result<void> validate(const check_request& req) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
   const rule& r = *req.rule;

@@ -37,6 +37,11 @@ const auto& params_of(const compiled_policy& p) {
 
 }  // namespace
 
+void limiter_state::retune(const compiled_policy& from, const compiled_policy& to, std::int64_t now) noexcept {
+  if (auto* bucket = std::get_if<gcra_state>(&state_)) bucket->retune(from.gcra, to.gcra, now);
+  // Windows: the counts stay; the new limit applies to them from now on.
+}
+
 decision limiter_state::evaluate(const compiled_policy& p, std::int64_t now, std::int64_t cost) {
   return std::visit([&](auto& s) { return s.evaluate(params_of<std::decay_t<decltype(s)>>(p), now, cost); }, state_);
 }

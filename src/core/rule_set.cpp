@@ -19,7 +19,8 @@ result<std::shared_ptr<const rule_set>> rule_set::build(backend& b, const std::v
       ++set->kept_;
       continue;
     }
-    auto made = b.prepare(r);
+    // Changed: limits alone carry the keys' state over (prepare_change), anything else starts afresh.
+    auto made = before != nullptr && before->owner() == &b ? b.prepare_change(r, *before) : b.prepare(r);
     if (!made) return error(made.error().code, "rule '" + r.name + "': " + made.error().message);
     set->rules_.push_back(std::move(*made));
   }

@@ -19,6 +19,23 @@ gcra_params make_gcra_params(rate r, std::int64_t burst) noexcept {
 }
 
 namespace {
+__extension__ using int128 = __int128;  // products of ns and intervals
+}  // namespace
+
+void gcra_state::retune(const gcra_params& from, const gcra_params& to, std::int64_t now) noexcept {
+  if (tat <= now || from.interval_ns == 0 || to.interval_ns == 0) {
+    tat = empty_tat;
+    return;
+  }
+  // Tokens available now, in ns of the old interval (negative while reservations overdraw), then
+  // in ns of the new one, capped by the new burst.
+  const int128 available_old = static_cast<int128>(from.tolerance_ns) - (static_cast<int128>(tat) - now);
+  const int128 available_new = std::min<int128>(available_old * to.interval_ns / from.interval_ns, to.tolerance_ns);
+  const int128 next = static_cast<int128>(now) + (to.tolerance_ns - available_new);
+  tat = next > saturating::max ? saturating::max : static_cast<std::int64_t>(next);
+}
+
+namespace {
 
 constexpr auto relaxed = std::memory_order_relaxed;
 

@@ -12,10 +12,13 @@ namespace sluice {
 using bucket_table = detail::keyed_table<gcra_state, gcra_params>;
 using window_table = detail::keyed_table<limiter_state, compiled_policy>;
 
+using any_table = std::variant<bucket_table, window_table>;
+
 struct keyed_limiter::impl {
   sluice::policy policy;
   sluice::clock* clock;
-  std::variant<bucket_table, window_table> table;
+  // Shared with the limiters retuned from this one (retuned()): one set of keys, one state each.
+  std::shared_ptr<any_table> table;
 };
 
 namespace {
@@ -36,12 +39,40 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
   if (o.max_keys == 0) return {errc::invalid_argument, "max_keys must be >= 1"};
   if (o.clock == nullptr) return {errc::invalid_argument, "clock must not be null"};
   const compiled_policy cp = compiled_policy::from(o.policy);
-  auto make_table = [&]() -> std::variant<bucket_table, window_table> {
-    if (o.policy.algorithm == algorithm::token_bucket) return bucket_table(cp.gcra, o.max_keys, gcra_state{}, o.when_full);
-    return window_table(cp, o.max_keys, limiter_state::make(cp), o.when_full);
+  auto make_table = [&]() -> std::shared_ptr<any_table> {
+    if (o.policy.algorithm == algorithm::token_bucket) {
+      return std::make_shared<any_table>(std::in_place_type<bucket_table>, cp.gcra, o.max_keys, gcra_state{}, o.when_full);
+    }
+    return std::make_shared<any_table>(std::in_place_type<window_table>, cp, o.max_keys, limiter_state::make(cp),
+                                       o.when_full);
   };
   auto p = std::unique_ptr<impl>(new impl{o.policy, o.clock, make_table()});
   return std::unique_ptr<keyed_limiter>(new keyed_limiter(std::move(p)));
+}
+
+result<std::unique_ptr<keyed_limiter>> keyed_limiter::retuned(keyed_limiter& from, const sluice::policy& p,
+                                                              time_point now) {
+  if (auto v = validate(p); !v) return v.error();
+  const sluice::policy& old = from.impl_->policy;
+  if (p.algorithm != old.algorithm || (p.algorithm != algorithm::token_bucket && p.window != old.window)) {
+    return {errc::invalid_argument, "a retuned limiter keeps its algorithm and window"};
+  }
+  const compiled_policy cp = compiled_policy::from(p);
+  const std::int64_t now_ns = to_ns(now);
+  std::visit(
+      [&](auto& table) {
+        using table_type = std::decay_t<decltype(table)>;
+        if constexpr (std::is_same_v<table_type, bucket_table>) {
+          table.retune(cp.gcra, [&](gcra_state& s, const gcra_params& a, const gcra_params& b) { s.retune(a, b, now_ns); });
+        } else {
+          table.retune(cp, [&](limiter_state& s, const compiled_policy& a, const compiled_policy& b) {
+            s.retune(a, b, now_ns);
+          });
+        }
+      },
+      *from.impl_->table);
+  auto q = std::unique_ptr<impl>(new impl{p, from.impl_->clock, from.impl_->table});
+  return std::unique_ptr<keyed_limiter>(new keyed_limiter(std::move(q)));
 }
 
 keyed_limiter::keyed_limiter(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
@@ -54,9 +85,10 @@ result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now
   const std::int64_t now_ns = to_ns(now);
   return std::visit(
       [&](auto& table) {
-        return table.with_entry(key, now_ns, [&](auto& state) { return check_and_commit(state, table.params(), now_ns, cost); });
+        return table.with_entry(key, now_ns,
+                                [&](auto& state, const auto& params) { return check_and_commit(state, params, now_ns, cost); });
       },
-      impl_->table);
+      *impl_->table);
 }
 
 result<decision> keyed_limiter::try_acquire(std::string_view key, std::int64_t cost) {
@@ -77,29 +109,30 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
   return std::visit(
       [&](auto& tenant_table, auto& user_table) {
         // Tenant first, then user: the one lock order every dual-layer check uses.
-        return with_entry_pair(tenant_table, tenant, user_table, user_key, now_ns, [&](auto& t, auto& u) {
-          return check_dual_layer(t, tenant_table.params(), u, user_table.params(), now_ns, cost);
+        return with_entry_pair(tenant_table, tenant, user_table, user_key, now_ns,
+                               [&](auto& t, const auto& tp, auto& u, const auto& up) {
+          return check_dual_layer(t, tp, u, up, now_ns, cost);
         });
       },
-      tenants.impl_->table, users.impl_->table);
+      *tenants.impl_->table, *users.impl_->table);
 }
 
 const policy& keyed_limiter::policy() const noexcept { return impl_->policy; }
 
 std::size_t keyed_limiter::size() const {
-  return std::visit([](const auto& t) { return t.size(); }, impl_->table);
+  return std::visit([](const auto& t) { return t.size(); }, *impl_->table);
 }
 
 std::size_t keyed_limiter::memory_bytes() const {
-  return std::visit([](const auto& t) { return t.memory_bytes(); }, impl_->table);
+  return std::visit([](const auto& t) { return t.memory_bytes(); }, *impl_->table);
 }
 
 void keyed_limiter::sweep(time_point now) {
-  std::visit([&](auto& t) { t.sweep(to_ns(now)); }, impl_->table);
+  std::visit([&](auto& t) { t.sweep(to_ns(now)); }, *impl_->table);
 }
 
 key_cap_stats keyed_limiter::stats() const {
-  return std::visit([](const auto& t) { return t.stats(); }, impl_->table);
+  return std::visit([](const auto& t) { return t.stats(); }, *impl_->table);
 }
 
 }  // namespace sluice

@@ -144,46 +144,65 @@ template <class State, class Params>
 class keyed_table {
  public:
   using state_type = State;
+  using params_type = Params;
 
   /// `max_keys` is the hard cap over all shards (>= 1).
   keyed_table(Params params, std::size_t max_keys, State initial, sluice::when_full full = when_full::evict)
-      : params_(params), initial_(std::move(initial)), hash_key_(random_sip_key()), when_full_(full) {
+      : initial_(std::move(initial)), hash_key_(random_sip_key()), when_full_(full) {
     // Few shards for small caps keep the cap exact; 16 for large ones spread the locks and keep
     // each shard's array large enough for huge pages.
     std::size_t shards = std::clamp<std::size_t>(std::bit_floor(std::max<std::size_t>(max_keys / 1024, 1)), 1, 16);
     shard_bits_ = std::countr_zero(shards);
     shard_cap_ = std::max<std::size_t>(max_keys / shards, 1);
     shards_ = std::make_unique<shard[]>(shards);
+    for (std::size_t i = 0; i < shards; ++i) shards_[i].params = params;
   }
 
-  const Params& params() const noexcept { return params_; }
+  /// Gives every entry new parameters of the same algorithm and window: `convert(State&, old, new)`
+  /// carries each entry's state over (see limiter_state::retune), one shard lock at a time. A check
+  /// meanwhile sees its shard either before or after, never between.
+  template <class Convert>
+  void retune(const Params& params, Convert&& convert) {
+    for (std::size_t i = 0; i < shard_count(); ++i) {
+      shard& sh = shards_[i];
+      std::lock_guard lock(sh.mutex);
+      for (slot& e : sh.slots) {
+        if (!e.key.empty()) convert(e.state, sh.params, params);
+      }
+      sh.params = params;
+    }
+  }
 
-  /// Finds or creates the entry for `key` and returns fn(State&), called under its shard's lock;
+  /// Finds or creates the entry for `key` and returns fn(State&, const Params&), called under its
+  /// shard's lock with the parameters in force;
   /// errc::capacity_exhausted when the key is new and the table refuses it (when_full::refuse).
   template <class Fn>
-  auto with_entry(std::string_view key, std::int64_t now, Fn&& fn) -> result<decltype(fn(std::declval<State&>()))> {
+  auto with_entry(std::string_view key, std::int64_t now, Fn&& fn)
+      -> result<decltype(fn(std::declval<State&>(), std::declval<const Params&>()))> {
     const std::uint64_t h = hash(key);
     shard& s = shard_for(h);
     std::lock_guard lock(s.mutex);
     State* e = find_or_insert(s, key, h, now);
     if (e == nullptr) return full_error();
-    return fn(*e);
+    return fn(*e, s.params);
   }
 
   /// As with_entry for a key of `first` and a key of `second`, both locked (first's shard first),
-  /// calling fn(State1&, State2&). `first` and `second` must be different tables, and every caller
+  /// calling fn(State1&, Params1&, State2&, Params2&). `first` and `second` must be different tables, and every caller
   /// must pass a given pair of tables in the same order. A refused new tenant key leaves the user
   /// table untouched; a refused new user key leaves the tenant's entry as it was (possibly new).
   template <class OtherTable, class Fn>
   friend auto with_entry_pair(keyed_table& first, std::string_view k1, OtherTable& second, std::string_view k2,
                               std::int64_t now, Fn&& fn)
-      -> result<decltype(fn(std::declval<State&>(), std::declval<typename OtherTable::state_type&>()))> {
+      -> result<decltype(fn(std::declval<State&>(), std::declval<const Params&>(),
+                            std::declval<typename OtherTable::state_type&>(),
+                            std::declval<const typename OtherTable::params_type&>()))> {
     const std::uint64_t h1 = first.hash(k1);
     shard& s1 = first.shard_for(h1);
     std::lock_guard lock1(s1.mutex);
     State* e1 = first.find_or_insert(s1, k1, h1, now);
     if (e1 == nullptr) return full_error();
-    return second.with_entry(k2, now, [&](auto& e2) { return fn(*e1, e2); });
+    return second.with_entry(k2, now, [&](auto& e2, const auto& p2) { return fn(*e1, s1.params, e2, p2); });
   }
 
   /// What happened at the key cap so far.
@@ -228,6 +247,7 @@ class keyed_table {
 
   struct alignas(64) shard {  // one cache line apart: no false sharing between shard locks
     std::mutex mutex;
+    Params params;  // the same in every shard but while retune() runs
     std::vector<slot, huge_page_allocator<slot>> slots;  // size a power of two, or empty
     std::size_t size = 0;
     std::size_t heap_bytes = 0;
@@ -258,7 +278,9 @@ class keyed_table {
     }
   }
 
-  bool is_idle(const slot& e, std::int64_t now) const noexcept { return e.state.idle_at(params_) <= now; }
+  static bool is_idle(const shard& s, const slot& e, std::int64_t now) noexcept {
+    return e.state.idle_at(s.params) <= now;
+  }
 
   static std::size_t find(const shard& s, std::string_view key, std::uint64_t h) noexcept {
     const std::size_t mask = s.slots.size() - 1;
@@ -306,12 +328,12 @@ class keyed_table {
   void rebuild(shard& s, std::int64_t now) {
     auto old = std::move(s.slots);
     std::size_t live = 0;
-    for (const slot& e : old) live += (!e.key.empty() && !is_idle(e, now)) ? 1 : 0;
+    for (const slot& e : old) live += (!e.key.empty() && !is_idle(s, e, now)) ? 1 : 0;
     s.slots = decltype(s.slots)(std::bit_ceil(std::max<std::size_t>(8, 2 * (live + 1))));
     s.size = 0;
     s.heap_bytes = 0;
     for (slot& e : old) {
-      if (e.key.empty() || is_idle(e, now)) continue;
+      if (e.key.empty() || is_idle(s, e, now)) continue;
       slot& dst = s.slots[insert_position(s, hash(e.key.view()))];
       s.heap_bytes += e.key.heap_bytes();
       dst = std::move(e);
@@ -320,8 +342,8 @@ class keyed_table {
   }
 
   // The share of its capacity an entry uses now, in [0, 1]: what evicting it would forget.
-  double used_share(slot& e, std::int64_t now) {
-    const decision d = e.state.evaluate(params_, now, 1);
+  static double used_share(const shard& s, slot& e, std::int64_t now) {
+    const decision d = e.state.evaluate(s.params, now, 1);
     if (d.limit <= 0) return 0;
     const std::int64_t remaining_now = d.allowed ? d.remaining + 1 : d.remaining;
     return static_cast<double>(d.limit - remaining_now) / static_cast<double>(d.limit);
@@ -338,13 +360,13 @@ class keyed_table {
       slot& e = s.slots[i];
       if (e.key.empty()) continue;
       ++seen;
-      if (is_idle(e, now)) {
+      if (is_idle(s, e, now)) {
         ++s.counts.evicted_idle;
         erase(s, i);
         return true;
       }
       if (when_full_ == when_full::refuse) continue;
-      const double share = used_share(e, now);
+      const double share = used_share(s, e, now);
       if (share < victim_share) {
         victim = i;
         victim_share = share;
@@ -377,7 +399,6 @@ class keyed_table {
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
-  const Params params_;
   const State initial_;
   const sip_key hash_key_;
   const sluice::when_full when_full_;

@@ -56,6 +56,29 @@ class memory_backend_impl final : public memory_backend {
     return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(*s)));
   }
 
+  result<prepared_rule_ptr> prepare_change(const rule& r, const prepared_rule& previous) override {
+    if (previous.owner() != this || !same_shape(previous.definition(), r)) return prepare(r);
+    if (auto v = validate(r); !v) return v.error();
+    const auto& before = *static_cast<const memory_prepared_rule&>(previous).state;
+    const time_point now = options_.clock->now();
+    auto s = std::make_shared<rule_state>();
+    s->definition = r;
+    auto limiter = keyed_limiter::retuned(*before.limiter, r.limit, now);
+    if (!limiter) return limiter.error();
+    s->limiter = std::move(*limiter);
+    if (r.tenant) {
+      auto tenants = keyed_limiter::retuned(*before.tenants, *r.tenant, now);
+      if (!tenants) return tenants.error();
+      s->tenants = std::move(*tenants);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      std::erase_if(prepared_, [](const std::weak_ptr<rule_state>& w) { return w.expired(); });
+      prepared_.push_back(s);
+    }
+    return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(s)));
+  }
+
   result<decision> check(const check_request& req) override {
     if (auto v = validate(req); !v) return v.error();
     if (req.prepared != nullptr && req.prepared->owner() == this) {
@@ -146,6 +169,16 @@ class memory_backend_impl final : public memory_backend {
     const time_point now = options_.clock->now();
     if (s.tenants) return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost);
     return s.limiter->try_acquire(req.key, now, req.cost);
+  }
+
+  // Only limits differ: the same algorithm, window, layers and key-cap behaviour, so the keys'
+  // state can carry over.
+  static bool same_shape(const rule& a, const rule& b) {
+    auto same = [](const policy& x, const policy& y) {
+      return x.algorithm == y.algorithm && (x.algorithm == algorithm::token_bucket || x.window == y.window);
+    };
+    if (a.when_full != b.when_full || a.tenant.has_value() != b.tenant.has_value()) return false;
+    return same(a.limit, b.limit) && (!a.tenant || same(*a.tenant, *b.tenant));
   }
 
   // A rule's keyed tables, empty.

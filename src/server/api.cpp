@@ -81,6 +81,58 @@ void append_int(std::string& out, std::int64_t v) { out += std::to_string(v); }
 
 }  // namespace
 
+namespace {
+
+// A window as a config writes it: "60s", or "250ms" when not whole seconds.
+std::string window_text(nanoseconds w) {
+  using namespace std::chrono;
+  if (w % seconds(1) == nanoseconds(0)) return std::to_string(duration_cast<seconds>(w).count()) + "s";
+  return std::to_string(duration_cast<milliseconds>(w).count()) + "ms";
+}
+
+json rule_json(const rule& r) {
+  json j;
+  j["name"] = r.name;
+  j["algorithm"] = std::string(to_string(r.limit.algorithm));
+  if (r.limit.algorithm == algorithm::token_bucket) {
+    j["rate"] = r.limit.rate.per_second;
+    j["burst"] = r.limit.burst;
+  } else if (r.tenant) {
+    j["tenant_limit"] = r.tenant->limit;
+    j["user_limit"] = r.limit.limit;
+    j["window"] = window_text(r.limit.window);
+  } else {
+    j["limit"] = r.limit.limit;
+    j["window"] = window_text(r.limit.window);
+  }
+  j["when_full"] = r.when_full == when_full::refuse ? "refuse" : "evict";
+  return j;
+}
+
+}  // namespace
+
+std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
+                         std::uint64_t version, const std::vector<rule_source_status>& sources) {
+  json out;
+  out["version"] = version;
+  json& list = out["rules"] = json::array();
+  for (std::size_t i = 0; i < rules.size(); ++i) {
+    json j = rule_json(rules[i]);
+    const rule_origin& o = origins.at(i);
+    j["source"] = o.source;
+    if (!o.key.empty()) {
+      j["key"] = o.key;
+      j["mod_revision"] = o.mod_revision;
+    }
+    list.push_back(std::move(j));
+  }
+  json& src = out["sources"] = json::array();
+  for (const rule_source_status& s : sources) {
+    src.push_back({{"name", s.name}, {"connected", s.connected}, {"revision", s.revision}, {"detail", s.detail}});
+  }
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
 std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
   if (d == never) return 86'400'000;
   if (d <= nanoseconds::zero()) return 0;

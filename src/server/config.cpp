@@ -36,6 +36,7 @@ TOML_IMPL_NAMESPACE_START
 TOML_IMPL_NAMESPACE_END;
 #include <toml++/toml.h>
 #pragma pop_macro("NDEBUG")
+#include <nlohmann/json.hpp>
 
 namespace sluice {
 
@@ -55,6 +56,7 @@ class reporter {
     return at(where.begin, message);
   }
   error at(const toml::source_position& where, const std::string& message) const {
+    if (where.line == 0) return error(errc::config_invalid, source_ + ": " + message);  // not from a file
     return error(errc::config_invalid, source_ + ":" + std::to_string(where.line) + ":" +
                                            std::to_string(where.column) + ": " + message);
   }
@@ -473,14 +475,54 @@ result<void> read_http(const section& s, config& out) {
   return {};
 }
 
+result<void> read_etcd(const section& s, const reporter& rep, config& out) {
+  if (auto v = s.only({"endpoints", "prefix", "username", "password", "ca_file", "cert_file", "key_file",
+                       "dial_timeout_ms"});
+      !v) {
+    return v.error();
+  }
+  etcd_settings& e = out.etcd;
+  e.enabled = true;
+  const toml::node* n = s.table().get("endpoints");
+  if (!n) return s.missing("endpoints", "(the etcd \"host:port\" client addresses)");
+  const toml::array* arr = n->as_array();
+  if (!arr) return rep.at(n->source(), "endpoints must be an array of \"host:port\" strings, got " + type_name(*n));
+  if (arr->empty()) return rep.at(n->source(), "endpoints must not be empty");
+  if (arr->size() > 64) return rep.at(n->source(), "endpoints holds more than 64 entries");
+  for (const toml::node& a : *arr) {
+    if (!a.is_string() || !valid_listen(a.as_string()->get())) {
+      return rep.at(a.source(), "each endpoint must be a \"host:port\" string");
+    }
+    e.endpoints.push_back(a.as_string()->get());
+  }
+  auto prefix = s.string("prefix", e.prefix);
+  if (!prefix) return prefix.error();
+  if (prefix->empty() || prefix->size() > 256) return s.bad("prefix", "must be 1 to 256 bytes");
+  e.prefix = *prefix;
+  for (auto [key, field] : {std::pair{"username", &e.username}, {"password", &e.password}, {"ca_file", &e.ca_file},
+                            {"cert_file", &e.cert_file}, {"key_file", &e.key_file}}) {
+    auto v = s.string(key, "");
+    if (!v) return v.error();
+    *field = *v;
+  }
+  if (!e.username.empty() && e.password.empty()) return s.bad("username", "needs a password");
+  if (e.cert_file.empty() != e.key_file.empty()) return s.bad("cert_file", "and key_file go together");
+  if (!e.cert_file.empty() && e.ca_file.empty()) return s.bad("cert_file", "needs ca_file (TLS)");
+  auto dial = s.integer_or("dial_timeout_ms", 2000, 1, 60'000);
+  if (!dial) return dial.error();
+  e.dial_timeout = std::chrono::milliseconds(*dial);
+  return {};
+}
+
 result<config> read_root(const toml::table& root, const reporter& rep, std::string_view source_name) {
   config out;
   out.source = std::string(source_name);
   for (auto&& [k, v] : root) {
     std::string_view key = k.str();
-    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "rules") {
+    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "etcd" &&
+        key != "rules") {
       return rep.at(k.source(), "unknown key '" + std::string(key) +
-                                    "' (expected ratelimit, server, backend, http or rules)");
+                                    "' (expected ratelimit, server, backend, http, etcd or rules)");
     }
   }
   // [server] first: [ratelimit] may also switch log_rejections on.
@@ -503,6 +545,11 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   if (!http) return http.error();
   if (*http) {
     if (auto r = read_http(section(**http, "[http]", rep), out); !r) return r.error();
+  }
+  auto etcd = sub_table(root, "etcd", rep);
+  if (!etcd) return etcd.error();
+  if (*etcd) {
+    if (auto r = read_etcd(section(**etcd, "[etcd]", rep), rep, out); !r) return r.error();
   }
   if (const toml::node* n = root.get("rules")) {
     const toml::array* arr = n->as_array();
@@ -583,6 +630,43 @@ result<config> parse_config(std::string_view toml_text, std::string_view source_
     return read_root(root, rep, source_name);
   } catch (const std::exception& e) {  // allocation failure; nothing else here throws
     return error(errc::config_invalid, std::string(source_name) + ": " + e.what());
+  }
+}
+
+result<rule> parse_rule_json(std::string_view name, std::string_view json_text, std::string_view source) {
+  const reporter rep(source);
+  const toml::source_position nowhere{};
+  auto json = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return rep.at(nowhere, "is not valid JSON");
+  if (!json.is_object()) return rep.at(nowhere, "must be a JSON object with the fields of a [[rules]] table");
+  try {
+    toml::table t;
+    t.insert("name", std::string(name));
+    for (const auto& [key, value] : json.items()) {
+      if (key == "name") {
+        if (!value.is_string() || value.get_ref<const std::string&>() != name) {
+          return rep.at(nowhere, "name must be the key's name \"" + std::string(name) + "\" or absent");
+        }
+      } else if (value.is_string()) {
+        t.insert(key, value.get<std::string>());
+      } else if (value.is_number_integer() && !value.is_number_unsigned()) {
+        t.insert(key, value.get<std::int64_t>());
+      } else if (value.is_number_unsigned()) {
+        if (value.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+          return rep.at(nowhere, key + " is out of range");
+        }
+        t.insert(key, value.get<std::int64_t>());
+      } else if (value.is_number_float()) {
+        t.insert(key, value.get<double>());
+      } else if (value.is_boolean()) {
+        t.insert(key, value.get<bool>());
+      } else {
+        return rep.at(nowhere, key + " must be a string, a number or a boolean, got " + value.type_name());
+      }
+    }
+    return read_rule(section(t, "the rule", rep));
+  } catch (const std::exception& e) {  // allocation failure
+    return rep.at(nowhere, e.what());
   }
 }
 

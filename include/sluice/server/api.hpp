@@ -76,6 +76,26 @@ api_error backend_error(const error& e);
 /// The decision given when limiting is disabled: admitted, full capacity left.
 decision disabled_decision(const sluice::rule& r) noexcept;
 
+/// Where a rule in force came from.
+struct rule_origin {
+  std::string source;             ///< "file" or "etcd"
+  std::string key;                ///< the etcd key; "" for the file
+  std::int64_t mod_revision = 0;  ///< the etcd key's mod_revision; 0 for the file
+};
+
+/// A source of rules as GET /v1/rules shows it.
+struct rule_source_status {
+  std::string name;           ///< "file" or "etcd"
+  bool connected = true;      ///< etcd: the watch is live
+  std::int64_t revision = 0;  ///< file: successful loads; etcd: the store revision last applied
+  std::string detail;         ///< file: its path; etcd: the last connection error, if any
+};
+
+/// GET /v1/rules: `{"version":...,"rules":[{"name":...,"algorithm":...,<parameters>,"source":...}],
+/// "sources":[...]}`; `origins` is index-aligned with `rules`.
+std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
+                         std::uint64_t version, const std::vector<rule_source_status>& sources);
+
 /// Milliseconds, rounded up; `never` gives one day.
 std::int64_t ceil_milliseconds(nanoseconds d) noexcept;
 

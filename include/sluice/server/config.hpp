@@ -90,6 +90,27 @@ struct http_settings {
   bool ietf_headers = false;
 };
 
+/// [etcd]: a second source of rules, watched at run time. Rules under `prefix + "rules/NAME"` (JSON
+/// objects with the fields of a [[rules]] table) override the file's rule of the same name.
+struct etcd_settings {
+  /// True when the file has an [etcd] section.
+  bool enabled = false;
+  /// etcd "host:port" client endpoints, tried in turn. Required.
+  std::vector<std::string> endpoints;
+  /// The prefix watched. Default: "/sluice/".
+  std::string prefix = "/sluice/";
+  /// etcd user and password; empty for none. Default: "".
+  std::string username;
+  std::string password;
+  /// TLS: the CA that signed the server's certificate, and this client's certificate and key (for
+  /// servers that check clients). Empty ca_file: plaintext. Default: "".
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  /// How long one connection attempt may take (`dial_timeout_ms`). Default: 2000 ms.
+  std::chrono::milliseconds dial_timeout{2000};
+};
+
 /// A whole configuration file.
 struct config {
   /// The file it was read from (for messages); "" when parsed from a string without a name.
@@ -99,6 +120,7 @@ struct config {
   server_settings server;
   backend_settings backend;
   http_settings http;
+  etcd_settings etcd;
   /// Every rule, `default` first when the [ratelimit] form defines it. Names are unique.
   std::vector<rule> rules;
 
@@ -115,6 +137,10 @@ result<nanoseconds> parse_duration(std::string_view text);
 
 /// Parses TOML text; `source_name` prefixes every error message ("name:line:column: ...").
 result<config> parse_config(std::string_view toml_text, std::string_view source_name);
+
+/// Reads one rule from a JSON object with the fields of a [[rules]] table, its name given apart (an
+/// etcd key's last part; a "name" field, if any, must match). Errors start with `source`.
+result<rule> parse_rule_json(std::string_view name, std::string_view json_text, std::string_view source);
 
 /// Reads and parses a file. A missing or unreadable file is an error naming it.
 result<config> load_config(const std::string& path);

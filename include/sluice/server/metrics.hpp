@@ -57,6 +57,8 @@ class metrics {
 
   /// A config reload attempt.
   void record_reload(bool succeeded);
+  /// Config reloads that failed so far.
+  std::uint64_t reload_failures() const noexcept { return reloads_failed_.load(std::memory_order_relaxed); }
 
   /// An HTTP response with `status`.
   void record_response(int status);

@@ -504,19 +504,27 @@ class Cli(SluicedTest):
 
 
 class Reload(SluicedTest):
-    def test_sighup_keeps_unchanged_rules_and_resets_changed_ones(self):
+    def test_sighup_keeps_state_unless_algorithm_or_window_change(self):
         s = self.start(FULL)
         self.assertEqual(s.check(rule="api", key="r:1", cost=2).json()["remaining"], 3)
         self.assertEqual(s.check(rule="ai", key="r:1").json()["remaining"], 2)
-        new = FULL.replace("limit = 3\n", "limit = 10\n") + '\n[[rules]]\nname = "new"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = 60\n'
-        new = new.replace('name = "quota"', 'name = "quota2"')
+        self.assertEqual(s.check(rule="counter", key="r:1", cost=2).json()["remaining"], 0)
+        self.assertEqual(s.check(rule="tenant_api", tenant="t", user="u").json()["remaining"], 1)
+        new = FULL.replace("tenant_limit = 3\nuser_limit = 2", "tenant_limit = 3\nuser_limit = 1")
+        new = new.replace("\nlimit = 3\n", "\nlimit = 10\n") + '\n[[rules]]\nname = "new"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = 60\n'
+        new = new.replace('name = "quota"', 'name = "quota2"').replace('window = "5m"', 'window = "10m"')
         line = s.reload(new)
         self.assertIn("event=reload result=success trigger=sighup", line)
         r = s.check(rule="api", key="r:1")
         self.assertEqual(r.json()["remaining"], 2, "an unchanged rule keeps its state")
         r = s.check(rule="ai", key="r:1")
         self.assertEqual(r.json()["limit"], 10)
-        self.assertEqual(r.json()["remaining"], 9, "a changed rule starts afresh")
+        self.assertEqual(r.json()["remaining"], 8, "a raised limit keeps what the key used")
+        r = s.check(rule="tenant_api", tenant="t", user="u")
+        self.assertEqual(r.status, 429, "a lowered limit forgives nothing")
+        self.assertEqual(r.json()["rejected_by"], "user")
+        r = s.check(rule="counter", key="r:1")
+        self.assertEqual(r.json()["remaining"], 1, "a new window starts afresh")
         self.assertEqual(s.check(rule="new", key="r:1").status, 200)
         self.assertEqual(s.check(rule="new", key="r:1").status, 429)
         self.assertEqual(s.check(rule="quota", key="r:1").status, 404, "a removed rule is gone")

@@ -184,3 +184,97 @@ class RedisServer:
     def close(self):
         self.kill()
         self.dir.cleanup()
+
+
+class EtcdServer:
+    """A throwaway single-member etcd on free loopback ports (client and peer), in a temporary data
+    directory; `kill` and `start` keep the ports and the data. With `tls=True` it serves TLS with a
+    CA and certificates made here (`ca`, `cert`, `key` are the client's files)."""
+
+    def __init__(self, tls=False):
+        self.dir = tempfile.TemporaryDirectory(prefix="sluice-etcd-")
+        self.port = free_port()
+        self.peer_port = free_port()
+        self.tls = tls
+        self.user = None
+        self.proc = None
+        if tls:
+            self._make_certs()
+        self.start()
+
+    @property
+    def endpoint(self):
+        return "127.0.0.1:%d" % self.port
+
+    def _make_certs(self):
+        d = self.dir.name
+        self.ca, self.cert, self.key = (os.path.join(d, n) for n in ("ca.pem", "client.pem", "client-key.pem"))
+
+        def openssl(*args):
+            subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=30)
+
+        openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=sluice-test-ca",
+                "-keyout", os.path.join(d, "ca-key.pem"), "-out", self.ca)
+        ext = os.path.join(d, "san.ext")
+        with open(ext, "w") as f:
+            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+        for name in ("server", "client"):
+            key, csr, pem = (os.path.join(d, name + s) for s in ("-key.pem", ".csr", ".pem"))
+            openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + name, "-keyout", key, "-out", csr)
+            openssl("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", os.path.join(d, "ca-key.pem"),
+                    "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", pem)
+
+    def start(self):
+        scheme = "https" if self.tls else "http"
+        client_url = "%s://127.0.0.1:%d" % (scheme, self.port)
+        peer_url = "http://127.0.0.1:%d" % self.peer_port
+        args = ["etcd", "--name", "t", "--data-dir", os.path.join(self.dir.name, "data"),
+                "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+                "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                "--initial-cluster", "t=" + peer_url, "--log-level", "error"]
+        if self.tls:
+            d = self.dir.name
+            args += ["--cert-file", os.path.join(d, "server.pem"), "--key-file", os.path.join(d, "server-key.pem"),
+                     "--trusted-ca-file", self.ca, "--client-cert-auth"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.healthy, timeout=20, what="etcd to answer")
+
+    def ctl(self, *args, check=True):
+        cmd = ["etcdctl", "--endpoints", self.endpoint, "--dial-timeout", "2s", "--command-timeout", "5s"]
+        if self.tls:
+            cmd += ["--cacert", self.ca, "--cert", self.cert, "--key", self.key]
+        if self.user:
+            cmd += ["--user", self.user]
+        r = subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=30,
+                           env=dict(os.environ, ETCDCTL_API="3"))
+        if check and r.returncode != 0:
+            raise AssertionError("etcdctl %s: %s" % (" ".join(args), r.stderr.strip()))
+        return r.stdout.strip()
+
+    def healthy(self):
+        return self.proc.poll() is None and subprocess.run(
+            ["etcdctl", "--endpoints", self.endpoint, "--dial-timeout", "1s", "endpoint", "health"] +
+            (["--cacert", self.ca, "--cert", self.cert, "--key", self.key] if self.tls else []),
+            capture_output=True, timeout=10, env=dict(os.environ, ETCDCTL_API="3")).returncode == 0
+
+    def put(self, key, value):
+        """Returns the revision of the put."""
+        out = self.ctl("put", key, value, "-w", "json")
+        return json.loads(out)["header"]["revision"]
+
+    def delete(self, key):
+        self.ctl("del", key)
+
+    def enable_auth(self, password):
+        self.ctl("user", "add", "root:" + password)
+        self.ctl("auth", "enable")
+        self.user = "root:" + password
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self):
+        self.kill()
+        self.dir.cleanup()

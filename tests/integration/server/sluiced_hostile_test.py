@@ -214,7 +214,7 @@ class ConfigWrittenInPlace(HostileTest):
         stop.set()
         poller.join()
         self.assertNotIn(404, statuses, "the half file's missing rule was never applied")
-        self.assertIn("reset_rules=0", s.log_text())
+        self.assertIn("changed_rules=0", s.log_text())
         self.assertEqual(s.check(rule="ai", key="k").json()["remaining"], 1, "state kept: nothing changed")
 
 

@@ -125,7 +125,8 @@ class RedisOutOfMemory(unittest.TestCase):
         self.addCleanup(redis.close)
         s = Sluiced(redis_config(redis.port))
         self.addCleanup(s.close)
-        self.assertEqual(s.request("GET", "/readyz").status, 200)
+        # Ready once its connection to Redis is up (sluiced answers /healthz before that).
+        wait_for(lambda: s.request("GET", "/readyz").status == 200, what="sluiced ready")
         redis.cli("SET", "filler", last_arg="x" * (3 << 20))
         redis.cli("CONFIG", "SET", "maxmemory", "1mb")
         for i in range(20):

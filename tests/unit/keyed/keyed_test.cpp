@@ -169,5 +169,50 @@ TEST(SipHash, ReferenceVectors) {
   EXPECT_EQ((siphash<2, 4>(key, message)), 0xa129ca6149be45e5ULL);
 }
 
+
+// A limit changed at run time keeps what each key used: windows keep their counts under the new
+// limit, a token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst).
+TEST(KeyedLimiter, RetunedWindowKeepsItsCounts) {
+  auto k = make(fixed_window_policy(5, 60s));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(acquire(*k, "u", t0).allowed);
+  auto raised = keyed_limiter::retuned(*k, fixed_window_policy(10, 60s), t0);
+  ASSERT_TRUE(raised.ok()) << raised.error().message;
+  decision d = acquire(**raised, "u", t0);
+  EXPECT_EQ(d.limit, 10);
+  EXPECT_EQ(d.remaining, 6) << "a raised limit raises remaining at once";
+  auto lowered = keyed_limiter::retuned(**raised, fixed_window_policy(2, 60s), t0);
+  ASSERT_TRUE(lowered.ok());
+  EXPECT_FALSE(acquire(**lowered, "u", t0).allowed) << "a lowered limit forgives nothing";
+  EXPECT_TRUE(acquire(**lowered, "new", t0).allowed);
+  EXPECT_EQ((*lowered)->size(), 2u);
+  EXPECT_EQ(k->size(), 2u) << "one set of keys, shared";
+}
+
+TEST(KeyedLimiter, RetunedBucketKeepsItsTokens) {
+  auto k = make(token_bucket_policy(per_second(1), 10));
+  EXPECT_TRUE(acquire(*k, "u", t0, 6).allowed);  // 4 tokens left
+  auto faster = keyed_limiter::retuned(*k, token_bucket_policy(per_second(2), 10), t0);
+  ASSERT_TRUE(faster.ok());
+  EXPECT_TRUE(acquire(**faster, "u", t0, 4).allowed);
+  EXPECT_FALSE(acquire(**faster, "u", t0).allowed);
+  EXPECT_TRUE(acquire(**faster, "u", t0 + 500ms).allowed) << "refilled at the new rate";
+  // 0 tokens; 1 s later at 2/s: 2 tokens. A smaller burst caps them; a full bucket stays full.
+  auto small = keyed_limiter::retuned(**faster, token_bucket_policy(per_second(2), 1), t0 + 1500ms);
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE(acquire(**small, "u", t0 + 1500ms).allowed);
+  EXPECT_FALSE(acquire(**small, "u", t0 + 1500ms).allowed);
+  EXPECT_TRUE(acquire(*k, "full", t0).allowed);  // one of 10 used, refilled by t0 + 2 s
+  auto bigger = keyed_limiter::retuned(**small, token_bucket_policy(per_second(2), 50), t0 + 2s);
+  ASSERT_TRUE(bigger.ok());
+  EXPECT_TRUE(acquire(**bigger, "full", t0 + 2s, 50).allowed);
+}
+
+TEST(KeyedLimiter, RetuneKeepsAlgorithmAndWindow) {
+  auto k = make(fixed_window_policy(5, 60s));
+  EXPECT_FALSE(keyed_limiter::retuned(*k, fixed_window_policy(5, 30s), t0).ok());
+  EXPECT_FALSE(keyed_limiter::retuned(*k, sliding_window_policy(5, 60s), t0).ok());
+  EXPECT_FALSE(keyed_limiter::retuned(*k, fixed_window_policy(0, 60s), t0).ok());
+}
+
 }  // namespace
 }  // namespace sluice::detail

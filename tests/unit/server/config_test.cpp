@@ -364,5 +364,54 @@ TEST(Config, RedisBackendRefusesRulesItCannotServe) {
   EXPECT_TRUE(server::check_servable(*memory).ok());  // the in-process bucket goes up to 10^9/s
 }
 
+TEST(Config, EtcdSection) {
+  const std::string rule = "[[rules]]\nname = \"api\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow = 1\n";
+  auto none = parse_config(rule, "t.toml");
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_FALSE(none->etcd.enabled);
+  auto c = parse_config(rule + "[etcd]\nendpoints = [\"127.0.0.1:2379\", \"[::1]:2379\"]\nprefix = \"/limits/\"\n"
+                               "username = \"u\"\npassword = \"p\"\nca_file = \"ca.pem\"\ndial_timeout_ms = 500\n",
+                        "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->etcd.enabled);
+  EXPECT_EQ(c->etcd.endpoints, (std::vector<std::string>{"127.0.0.1:2379", "[::1]:2379"}));
+  EXPECT_EQ(c->etcd.prefix, "/limits/");
+  EXPECT_EQ(c->etcd.username, "u");
+  EXPECT_EQ(c->etcd.ca_file, "ca.pem");
+  EXPECT_EQ(c->etcd.dial_timeout, std::chrono::milliseconds(500));
+  for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
+           {"[etcd]\nprefix = \"/x/\"\n", "missing 'endpoints'"},
+           {"[etcd]\nendpoints = []\n", "must not be empty"},
+           {"[etcd]\nendpoints = [\"nohost\"]\n", "host:port"},
+           {"[etcd]\nendpoints = [\"a:1\"]\nusername = \"u\"\n", "needs a password"},
+           {"[etcd]\nendpoints = [\"a:1\"]\ncert_file = \"c.pem\"\n", "key_file"},
+           {"[etcd]\nendpoints = [\"a:1\"]\ndial_timeout_ms = 0\n", "dial_timeout_ms"},
+           {"[etcd]\nendpoints = [\"a:1\"]\nsurprise = 1\n", "unknown key 'surprise'"}}) {
+    auto r = parse_config(rule + bad, "t.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  }
+}
+
+// An etcd value holds the fields of a [[rules]] table, with the same validation and messages.
+TEST(Config, RuleFromJson) {
+  auto r = parse_rule_json("tenant_api", R"({"algorithm":"sliding_window","window":"60s","tenant_limit":1000,"user_limit":100})",
+                           "etcd /sluice/rules/tenant_api");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->name, "tenant_api");
+  EXPECT_TRUE(r->is_dual_layer());
+  ASSERT_TRUE(r->tenant.has_value());
+  EXPECT_EQ(r->tenant->limit, 1000);
+  EXPECT_EQ(r->limit.limit, 100);
+  auto tb = parse_rule_json("api", R"({"algorithm":"token_bucket","rate":2.5,"burst":10})", "e");
+  ASSERT_TRUE(tb.ok()) << tb.error().message;
+  EXPECT_EQ(tb->limit.burst, 10);
+  auto bad = parse_rule_json("api", R"({"algorithm":"token_bucket","rate":5})", "etcd /sluice/rules/api");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error(), errc::config_invalid);
+  EXPECT_EQ(bad.error().message.rfind("etcd /sluice/rules/api: ", 0), 0u) << bad.error().message;
+  EXPECT_NE(bad.error().message.find("burst"), std::string::npos) << bad.error().message;
+}
+
 }  // namespace
 }  // namespace sluice

@@ -1,0 +1,76 @@
+// Where sluiced's rules come from: its config file, and optionally etcd. The rules in force are the
+// file's, each overridden by an etcd rule of the same name, then the rules only etcd has.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sluice/error.hpp"
+#include "sluice/policy.hpp"
+#include "sluice/server/api.hpp"
+
+namespace sluice::server {
+
+/// One key under the watched prefix, as etcd holds it.
+struct etcd_value {
+  std::string_view key;  ///< without the prefix: "rules/api"
+  std::string_view value;
+  std::int64_t mod_revision = 0;
+};
+
+/// A value that could not be used, with why.
+struct rejected_value {
+  std::string key;  ///< the full etcd key
+  std::int64_t mod_revision = 0;
+  std::string reason;
+};
+
+/// The rules etcd holds under `prefix + "rules/"`: for each key, the last version that parsed and
+/// validated. A value that does not keeps the previous version of its rule in force. Not
+/// thread-safe.
+class etcd_rules {
+ public:
+  /// Most rules taken from etcd; keys beyond it are rejected.
+  static constexpr std::size_t max_rules = 1024;
+
+  struct entry {
+    rule definition;
+    std::string key;
+    std::int64_t mod_revision = 0;
+  };
+
+  /// `check` is asked about every rule before it is taken (e.g. the backend's prepare): a rule it
+  /// refuses is rejected like one that does not parse.
+  etcd_rules(std::string prefix, std::function<result<void>(const rule&)> check);
+
+  /// Takes etcd's whole view of the prefix. Returns the values rejected by this call: each bad
+  /// version is reported once, however often the prefix changes around it. `changed` tells whether
+  /// the rules differ from before.
+  std::vector<rejected_value> apply(const std::vector<etcd_value>& values, bool& changed);
+
+  /// By rule name.
+  const std::map<std::string, entry, std::less<>>& rules() const noexcept { return rules_; }
+
+ private:
+  std::string prefix_;
+  std::function<result<void>(const rule&)> check_;
+  std::map<std::string, entry, std::less<>> rules_;
+  std::map<std::string, std::int64_t, std::less<>> reported_;  // key → the bad mod_revision already reported
+};
+
+/// The rules in force and where each came from (index-aligned).
+struct merged_rules {
+  std::vector<rule> rules;
+  std::vector<rule_origin> origins;
+};
+
+/// The file's rules in their order, each replaced by etcd's rule of the same name, then etcd's
+/// other rules by name.
+merged_rules merge_rules(const std::vector<rule>& file_rules, const etcd_rules* etcd);
+
+}  // namespace sluice::server

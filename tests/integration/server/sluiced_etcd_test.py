@@ -1,0 +1,218 @@
+"""sluiced taking rules from a real etcd (etcd-server 3.4): rules added, changed and deleted on two
+instances, a bad value rejected alone, etcd down at start and restarted under load, auth, TLS, a
+flood of puts."""
+
+import base64
+import http.client
+import json
+import os
+import re
+import sys
+import threading
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sluiced_harness import EtcdServer, Sluiced, free_port, wait_for  # noqa: E402
+
+FILE_RULES = """
+[server]
+watch_interval_ms = 0
+
+[[rules]]
+name = "api"
+algorithm = "fixed_window"
+limit = 2
+window = "1h"
+"""
+
+
+def etcd_config(endpoint, extra=""):
+    return FILE_RULES + '\n[etcd]\nendpoints = ["%s"]\nprefix = "/sluice/"\ndial_timeout_ms = 1000\n%s' % (endpoint, extra)
+
+
+def rules_of(s):
+    r = s.request("GET", "/v1/rules")
+    assert r.status == 200, r.body
+    return r.json()
+
+
+def rule_named(s, name):
+    for r in rules_of(s)["rules"]:
+        if r["name"] == name:
+            return r
+    return None
+
+
+def limit_of(s, name):
+    r = rule_named(s, name)
+    return r and r.get("limit")
+
+
+def metric(s, name):
+    text = s.request("GET", "/metrics").body.decode()
+    m = re.search("^" + re.escape(name) + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def window_rule(limit):
+    return json.dumps({"algorithm": "fixed_window", "limit": limit, "window": "1h"})
+
+
+class EtcdRules(unittest.TestCase):
+    def setUp(self):
+        self.etcd = EtcdServer()
+        self.addCleanup(self.etcd.close)
+
+    def start(self, extra=""):
+        s = Sluiced(etcd_config(self.etcd.endpoint, extra))
+        self.addCleanup(s.close)
+        return s
+
+    def test_rule_added_changed_deleted_on_two_instances(self):
+        a, b = self.start(), self.start()
+        for s in (a, b):
+            wait_for(lambda: rules_of(s)["sources"][1]["connected"], what="etcd connected")
+            self.assertEqual(limit_of(s, "api"), 2)
+            self.assertEqual(rule_named(s, "api")["source"], "file")
+        # Changed: etcd's rule of the same name overrides the file's.
+        rev = self.etcd.put("/sluice/rules/api", window_rule(5))
+        for s in (a, b):
+            wait_for(lambda: limit_of(s, "api") == 5, what="the etcd rule on both instances")
+            r = rule_named(s, "api")
+            self.assertEqual((r["source"], r["key"], r["mod_revision"]), ("etcd", "/sluice/rules/api", rev))
+            self.assertEqual(s.check(rule="api", key="k").json()["limit"], 5)
+        # Added: a rule only etcd has is served.
+        self.etcd.put("/sluice/rules/extra", json.dumps({"algorithm": "token_bucket", "rate": 1, "burst": 3}))
+        for s in (a, b):
+            wait_for(lambda: rule_named(s, "extra") is not None, what="the added rule")
+            self.assertEqual(s.check(rule="extra", key="k", cost=3).status, 200)
+            self.assertEqual(s.check(rule="extra", key="k").status, 429)
+        # Deleted: the file's rule of that name is back; a rule only etcd had is gone.
+        self.etcd.delete("/sluice/rules/api")
+        self.etcd.delete("/sluice/rules/extra")
+        for s in (a, b):
+            wait_for(lambda: limit_of(s, "api") == 2 and rule_named(s, "extra") is None, what="the file's rule back")
+            self.assertEqual(rule_named(s, "api")["source"], "file")
+            self.assertEqual(s.check(rule="extra", key="k").status, 404)
+        self.assertEqual(metric(a, 'sluice_config_source_up{source="etcd"}'), 1)
+        self.assertGreaterEqual(metric(a, 'sluice_config_revision{source="etcd"}'), rev)
+
+    def test_unchanged_rules_keep_their_state(self):
+        s = self.start()
+        self.etcd.put("/sluice/rules/other", window_rule(3))
+        wait_for(lambda: rule_named(s, "other") is not None, what="rule other")
+        self.assertEqual(s.check(rule="api", key="k").json()["remaining"], 1)
+        self.assertEqual(s.check(rule="other", key="k").json()["remaining"], 2)
+        self.etcd.put("/sluice/rules/third", window_rule(1))  # another rule changes
+        wait_for(lambda: rule_named(s, "third") is not None, what="rule third")
+        self.assertEqual(s.check(rule="api", key="k").json()["remaining"], 0)
+        self.assertEqual(s.check(rule="other", key="k").json()["remaining"], 1)
+
+    def test_invalid_value_is_rejected_alone_and_counted(self):
+        s = self.start()
+        rev = self.etcd.put("/sluice/rules/api", window_rule(7))
+        wait_for(lambda: limit_of(s, "api") == 7, what="the first version")
+        bad_rev = self.etcd.put("/sluice/rules/api", '{"algorithm":"fixed_window","limit":-1,"window":"1h"}')
+        self.etcd.put("/sluice/rules/garbage", "\xff not json")
+        good_rev = self.etcd.put("/sluice/rules/fine", window_rule(4))
+        wait_for(lambda: rule_named(s, "fine") is not None, what="the good rule beside the bad ones")
+        r = rule_named(s, "api")
+        self.assertEqual((r["limit"], r["mod_revision"]), (7, rev), "the previous version stays in force")
+        self.assertEqual(rule_named(s, "garbage"), None)
+        self.assertEqual(rule_named(s, "fine")["mod_revision"], good_rev)
+        wait_for(lambda: metric(s, 'sluice_config_errors_total{source="etcd"}') == 2, what="two errors counted")
+        log = s.log_text()
+        self.assertIn("key=/sluice/rules/api mod_revision=%d" % bad_rev, log)
+        self.assertIn("limit must be between", log)
+        self.assertEqual(s.request("GET", "/readyz").status, 200)
+
+    def test_etcd_down_at_start_then_up(self):
+        self.etcd.kill()
+        s = self.start()
+        self.assertEqual(s.check(rule="api", key="k").json()["limit"], 2, "the file's rules serve meanwhile")
+        self.assertEqual(s.request("GET", "/readyz").status, 200, "readiness does not wait for etcd")
+        self.assertFalse(rules_of(s)["sources"][1]["connected"])
+        self.assertEqual(metric(s, 'sluice_config_source_up{source="etcd"}'), 0)
+        self.etcd.start()
+        self.etcd.put("/sluice/rules/api", window_rule(9))
+        wait_for(lambda: limit_of(s, "api") == 9, timeout=30, what="etcd's rule once etcd answers")
+        self.assertTrue(rules_of(s)["sources"][1]["connected"])
+
+    def test_etcd_restarted_under_load(self):
+        s = self.start()
+        self.etcd.put("/sluice/rules/load", json.dumps({"algorithm": "token_bucket", "rate": 1000000, "burst": 1000000}))
+        wait_for(lambda: rule_named(s, "load") is not None, what="rule load")
+        statuses, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set() and len(statuses) < 20000:
+                statuses.append(s.check(rule="load", key="k").status)
+
+        t = threading.Thread(target=load)
+        t.start()
+        try:
+            self.etcd.kill()
+            wait_for(lambda: not rules_of(s)["sources"][1]["connected"], what="the watch lost")
+            self.etcd.start()
+            rev = self.etcd.put("/sluice/rules/api", window_rule(6))
+            wait_for(lambda: limit_of(s, "api") == 6, timeout=30, what="a change made after the restart")
+            self.assertEqual(rule_named(s, "api")["mod_revision"], rev)
+        finally:
+            stop.set()
+            t.join()
+        self.assertGreater(len(statuses), 0)
+        self.assertEqual(set(statuses), {200}, "no check failed while etcd was away")
+        self.assertEqual(rule_named(s, "load")["source"], "etcd", "the last good set stayed in force")
+
+    def test_flood_of_puts(self):
+        s = self.start()
+        conn = http.client.HTTPConnection("127.0.0.1", self.etcd.port, timeout=10)
+
+        def put(key, value):
+            body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
+                               "value": base64.b64encode(value.encode()).decode()})
+            conn.request("POST", "/v3/kv/put", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            self.assertEqual(r.status, 200)
+
+        rss_before = rss_kib(s.proc.pid)
+        for i in range(10000):
+            put("/sluice/rules/r%d" % (i % 100), window_rule(i + 1))  # the last of each: 9901..10000
+        conn.close()
+        wait_for(lambda: limit_of(s, "r99") == 10000, timeout=60, what="the last put applied")
+        rules = {r["name"]: r for r in rules_of(s)["rules"]}
+        for k in range(100):
+            self.assertEqual(rules["r%d" % k]["limit"], 9901 + k)
+        self.assertLess(rss_kib(s.proc.pid) - rss_before, 128 * 1024, "memory stays bounded")
+
+    def test_auth_with_user_and_password(self):
+        self.etcd.enable_auth("s3cret")
+        self.etcd.put("/sluice/rules/api", window_rule(8))
+        s = self.start('username = "root"\npassword = "s3cret"\n')
+        wait_for(lambda: limit_of(s, "api") == 8, what="rules read with a token")
+        self.etcd.put("/sluice/rules/api", window_rule(11))
+        wait_for(lambda: limit_of(s, "api") == 11, what="the watch with a token")
+        bad = self.start('username = "root"\npassword = "wrong"\n')
+        self.assertEqual(limit_of(bad, "api"), 2, "a refused login leaves the file's rules")
+        wait_for(lambda: rules_of(bad)["sources"][1]["detail"] != "", what="the error reported")
+
+
+class EtcdTls(unittest.TestCase):
+    def test_tls_with_a_ca_and_client_certificates(self):
+        etcd = EtcdServer(tls=True)
+        self.addCleanup(etcd.close)
+        etcd.put("/sluice/rules/api", window_rule(12))
+        s = Sluiced(etcd_config(etcd.endpoint, 'ca_file = "%s"\ncert_file = "%s"\nkey_file = "%s"\n' %
+                                (etcd.ca, etcd.cert, etcd.key)))
+        self.addCleanup(s.close)
+        wait_for(lambda: limit_of(s, "api") == 12, what="rules over TLS")
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
