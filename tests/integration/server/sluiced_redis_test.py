@@ -149,7 +149,9 @@ class RedisFailure(unittest.TestCase):
         local = Sluiced(redis_config(redis.port, "local"))
         self.addCleanup(local.close)
         for s in (allow, deny, local):
-            self.assertEqual(s.request("GET", "/readyz").status, 200)
+            # Ready once its connection to Redis is up (sluiced listens before that; on a loaded
+            # machine the handshake may still be under way).
+            wait_for(lambda: s.request("GET", "/readyz").status == 200, what="sluiced ready")
             self.assertEqual(s.check(rule="bucket", key="before").status, 200)
 
         redis.kill()
