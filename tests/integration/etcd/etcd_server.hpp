@@ -17,9 +17,7 @@
 #pragma once
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +30,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "integration/free_port.hpp"
 
 extern char** environ;
 
@@ -92,22 +92,6 @@ inline command_result run_command(const std::vector<std::string>& argv, const st
   return r;
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-inline int free_loopback_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot bind a free port");
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 class etcd_server {
  public:
   enum class transport { plaintext, tls };
@@ -120,9 +104,9 @@ class etcd_server {
     name_ = "sluice-test-" + std::to_string(::getpid()) + "-" + dir_.filename().string();
     if (tls_) make_certificates();
     for (int attempt = 0; attempt < 5; ++attempt) {
-      home_port_ = free_loopback_port();
+      home_port_ = free_port();
       do {
-        peer_port_ = free_loopback_port();
+        peer_port_ = free_port();
       } while (peer_port_ == home_port_);
       std::filesystem::remove_all(dir_ / "data");
       if (start(home_port_)) return;
@@ -165,7 +149,7 @@ class etcd_server {
   void restart_out_of_reach() {
     int port = 0;
     do {
-      port = free_loopback_port();
+      port = free_port();
     } while (port == home_port_ || port == peer_port_);
     restart_on(port);
   }

@@ -22,36 +22,13 @@ using sluice::testing::count_of;
 using sluice::testing::etcd_server;
 using sluice::testing::events_in;
 using sluice::testing::revisions_increase;
-using sluice::testing::watch_recorder;
-
-etcd_options options_for(const etcd_server& etcd) {
-  return {.endpoints = {etcd.endpoint()}, .prefix = "/sluice/", .dial_timeout = 2s, .backoff_base = 50ms, .backoff_cap = 500ms};
-}
-
-struct watched {
-  watch_recorder rec;  // declared first: it outlives the watcher that calls it
-  std::unique_ptr<prefix_watcher> w;
-
-  explicit watched(const etcd_options& o) {
-    auto made = prefix_watcher::create(o, rec.callback());
-    if (!made) throw std::runtime_error(made.error().message);
-    w = std::move(*made);
-  }
-  bool connected() {
-    return rec.wait_until([&] { return w->status().connected; });
-  }
-  bool disconnected() {
-    return rec.wait_until([&] { return !w->status().connected; });
-  }
-  bool at(std::int64_t revision) {
-    return rec.wait_until([&] { return w->status().connected && w->status().revision == revision; });
-  }
-};
+using sluice::testing::recorded_watcher;
+using sluice::testing::test_options;
 
 TEST(PrefixWatcherFaultTest, ResumesAfterARestartWithoutMissingOrRepeating) {
   etcd_server etcd;
   etcd.put("/sluice/a", "1");
-  watched x(options_for(etcd));
+  recorded_watcher x(test_options(etcd.endpoint()));
   ASSERT_TRUE(x.connected()) << x.w->status().last_error;
   const auto b = etcd.put("/sluice/b", "1");
   ASSERT_TRUE(x.at(b));
@@ -79,7 +56,7 @@ TEST(PrefixWatcherFaultTest, ChangesMadeOutOfReachArriveThroughTheResumedWatch) 
   etcd_server etcd;
   etcd.put("/sluice/a", "1");
   etcd.put("/sluice/b", "1");
-  watched x(options_for(etcd));
+  recorded_watcher x(test_options(etcd.endpoint()));
   ASSERT_TRUE(x.connected()) << x.w->status().last_error;
 
   etcd.kill();
@@ -107,7 +84,7 @@ TEST(PrefixWatcherFaultTest, CompactionWhileOutOfReachLeadsToAFullRead) {
   etcd_server etcd;
   const auto a = etcd.put("/sluice/a", "1");
   etcd.put("/sluice/b", "1");
-  watched x(options_for(etcd));
+  recorded_watcher x(test_options(etcd.endpoint()));
   ASSERT_TRUE(x.connected()) << x.w->status().last_error;
   const auto before = x.w->status().revision;
 
@@ -141,8 +118,8 @@ TEST(PrefixWatcherFaultTest, StartedWithEtcdDownConnectsWhenItComesUp) {
   etcd_server etcd;
   const auto a = etcd.put("/sluice/a", "1");
   etcd.kill();
-  watched x(options_for(etcd));
-  ASSERT_TRUE(x.rec.wait_until([&] { return !x.w->status().last_error.empty(); }));
+  recorded_watcher x(test_options(etcd.endpoint()));
+  ASSERT_TRUE(x.failed());
   auto s = x.w->status();
   EXPECT_FALSE(s.connected);
   EXPECT_EQ(s.revision, 0);
@@ -164,9 +141,9 @@ TEST(PrefixWatcherFaultTest, TriesTheNextEndpoint) {
   etcd_server down;
   down.kill();
   const auto a = etcd.put("/sluice/a", "1");
-  auto o = options_for(etcd);
+  auto o = test_options(etcd.endpoint());
   o.endpoints = {down.endpoint(), etcd.endpoint()};
-  watched x(o);
+  recorded_watcher x(o);
   ASSERT_TRUE(x.connected()) << x.w->status().last_error;
   EXPECT_EQ(x.w->status().endpoint, etcd.endpoint());
   EXPECT_EQ(x.w->entries().at("a").mod_revision, a);

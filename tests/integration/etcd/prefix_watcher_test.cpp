@@ -21,17 +21,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using sluice::testing::etcd_server;
-using sluice::testing::watch_recorder;
-
-etcd_options options_for(const std::string& endpoint) {
-  return {.endpoints = {endpoint}, .prefix = "/sluice/", .dial_timeout = 2s, .backoff_base = 50ms, .backoff_cap = 500ms};
-}
-
-std::unique_ptr<prefix_watcher> start(const etcd_options& o, watch_recorder& rec) {
-  auto w = prefix_watcher::create(o, rec.callback());
-  if (!w) throw std::runtime_error(w.error().message);
-  return std::move(*w);
-}
+using sluice::testing::recorded_watcher;
+using sluice::testing::test_options;
 
 TEST(PrefixWatcherTest, FirstReadHoldsTheKeysOfThePrefixOnly) {
   etcd_server etcd;
@@ -41,21 +32,20 @@ TEST(PrefixWatcherTest, FirstReadHoldsTheKeysOfThePrefixOnly) {
   etcd.put("/other/c", "nor this");
   const auto last = etcd.put("/sluice/", "the prefix itself");
 
-  watch_recorder rec;
-  auto w = start(options_for(etcd.endpoint()), rec);
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().connected; })) << w->status().last_error;
+  recorded_watcher x(test_options(etcd.endpoint()));
+  ASSERT_TRUE(x.connected()) << x.w->status().last_error;
 
   const snapshot want = {{"", {.value = "the prefix itself", .create_revision = last, .mod_revision = last}},
                          {"a", {.value = "1", .create_revision = a, .mod_revision = a}},
                          {"rules/b", {.value = "two", .create_revision = b, .mod_revision = b}}};
-  EXPECT_EQ(w->entries(), want);
-  const auto s = w->status();
+  EXPECT_EQ(x.w->entries(), want);
+  const auto s = x.w->status();
   EXPECT_EQ(s.revision, last);
   EXPECT_EQ(s.full_reads, 1u);
   EXPECT_EQ(s.connects, 1u);
   EXPECT_EQ(s.endpoint, etcd.endpoint());
   EXPECT_TRUE(s.last_error.empty()) << s.last_error;
-  const auto log = rec.deliveries();
+  const auto log = x.rec.deliveries();
   ASSERT_EQ(log.size(), 1u);  // the read and the connection are one delivery
   EXPECT_EQ(log[0].kind, update_kind::full_read);
   EXPECT_TRUE(log[0].connected);
@@ -66,14 +56,12 @@ TEST(PrefixWatcherTest, EmptyPrefixWatchesTheWholeKeyspace) {
   etcd_server etcd;
   etcd.put("/sluice/a", "1");
   etcd.put("other", "2");
-  auto o = options_for(etcd.endpoint());
+  auto o = test_options(etcd.endpoint());
   o.prefix = "";
-  watch_recorder rec;
-  auto w = start(o, rec);
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().connected; })) << w->status().last_error;
-  const auto third = etcd.put("\xff", "3");
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().revision == third; }));
-  const auto got = w->entries();
+  recorded_watcher x(o);
+  ASSERT_TRUE(x.connected()) << x.w->status().last_error;
+  ASSERT_TRUE(x.at(etcd.put("\xff", "3")));
+  const auto got = x.w->entries();
   ASSERT_EQ(got.size(), 3u);
   EXPECT_EQ(got.at("/sluice/a").value, "1");
   EXPECT_EQ(got.at("other").value, "2");
@@ -82,24 +70,23 @@ TEST(PrefixWatcherTest, EmptyPrefixWatchesTheWholeKeyspace) {
 
 TEST(PrefixWatcherTest, PutUpdateAndDeleteArriveWithTheirRevisions) {
   etcd_server etcd;
-  watch_recorder rec;
-  auto w = start(options_for(etcd.endpoint()), rec);
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().connected; })) << w->status().last_error;
+  recorded_watcher x(test_options(etcd.endpoint()));
+  ASSERT_TRUE(x.connected()) << x.w->status().last_error;
 
   const auto created = etcd.put("/sluice/a", "1");
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().revision == created; }));
-  EXPECT_EQ(w->entries().at("a"), (entry{.value = "1", .create_revision = created, .mod_revision = created}));
+  ASSERT_TRUE(x.at(created));
+  EXPECT_EQ(x.w->entries().at("a"), (entry{.value = "1", .create_revision = created, .mod_revision = created}));
 
   const auto updated = etcd.put("/sluice/a", "2");
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().revision == updated; }));
-  EXPECT_EQ(w->entries().at("a"), (entry{.value = "2", .create_revision = created, .mod_revision = updated}));
+  ASSERT_TRUE(x.at(updated));
+  EXPECT_EQ(x.w->entries().at("a"), (entry{.value = "2", .create_revision = created, .mod_revision = updated}));
 
   const auto deleted = etcd.del("/sluice/a");
   etcd.put("/elsewhere", "x");  // outside the prefix: no delivery
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().revision == deleted; }));
-  EXPECT_TRUE(w->entries().empty());
+  ASSERT_TRUE(x.at(deleted));
+  EXPECT_TRUE(x.w->entries().empty());
 
-  const auto log = rec.deliveries();
+  const auto log = x.rec.deliveries();
   EXPECT_EQ(sluice::testing::count_of(log, update_kind::changes), 3u);
   EXPECT_EQ(sluice::testing::events_in(log), 3u);
   EXPECT_TRUE(sluice::testing::revisions_increase(log));
@@ -111,42 +98,37 @@ TEST(PrefixWatcherTest, OverSizeValueIsLeftOutAlone) {
   const std::string big(70'000, 'x');
   etcd.put("/sluice/big-before", big);  // met by the full read
   etcd.put("/sluice/small", "ok");
-  watch_recorder rec;
-  auto w = start(options_for(etcd.endpoint()), rec);
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().connected; })) << w->status().last_error;
-  EXPECT_EQ(w->entries().size(), 1u);
-  EXPECT_EQ(w->entries().count("small"), 1u);
+  recorded_watcher x(test_options(etcd.endpoint()));
+  ASSERT_TRUE(x.connected()) << x.w->status().last_error;
+  EXPECT_EQ(x.w->entries().size(), 1u);
+  EXPECT_EQ(x.w->entries().count("small"), 1u);
 
-  const auto rev = etcd.put("/sluice/big-after", big);  // met by the watch
-  etcd.put("/sluice/small", "still ok");
-  ASSERT_TRUE(rec.wait_until([&] { return w->entries().at("small").value == "still ok"; }));
-  auto s = w->status();
-  EXPECT_GT(s.revision, rev);
+  etcd.put("/sluice/big-after", big);  // met by the watch
+  ASSERT_TRUE(x.at(etcd.put("/sluice/small", "still ok")));
+  EXPECT_EQ(x.w->entries().at("small").value, "still ok");
+  auto s = x.w->status();
   EXPECT_EQ(s.rejected_total, 2u);
   ASSERT_EQ(s.rejected.size(), 2u);
   EXPECT_EQ(s.rejected[0].key, "big-before");
   EXPECT_EQ(s.rejected[1].key, "big-after");
   EXPECT_EQ(s.rejected[1].reason, "value of 70000 bytes is over max_value_bytes (65536)");
-  EXPECT_EQ(w->entries().size(), 1u);
+  EXPECT_EQ(x.w->entries().size(), 1u);
 
   // Made small again: accepted, and off the list.
-  const auto fixed = etcd.put("/sluice/big-after", "small now");
-  ASSERT_TRUE(rec.wait_until([&] { return w->status().revision == fixed; }));
-  s = w->status();
+  ASSERT_TRUE(x.at(etcd.put("/sluice/big-after", "small now")));
+  s = x.w->status();
   ASSERT_EQ(s.rejected.size(), 1u);
   EXPECT_EQ(s.rejected[0].key, "big-before");
-  EXPECT_EQ(w->entries().at("big-after").value, "small now");
+  EXPECT_EQ(x.w->entries().at("big-after").value, "small now");
 }
 
 TEST(PrefixWatcherTest, FloodOfPutsEndsInTheRightBoundedSnapshot) {
   etcd_server etcd;
-  watch_recorder all_rec;
-  watch_recorder capped_rec;
-  auto all = start(options_for(etcd.endpoint()), all_rec);
-  auto capped_options = options_for(etcd.endpoint());
+  recorded_watcher all(test_options(etcd.endpoint()));
+  auto capped_options = test_options(etcd.endpoint());
   capped_options.max_keys = 1'000;
-  auto capped = start(capped_options, capped_rec);
-  ASSERT_TRUE(all_rec.wait_until([&] { return all->status().connected && capped->status().connected; }));
+  recorded_watcher capped(capped_options);
+  ASSERT_TRUE(all.connected() && capped.connected());
 
   // 10,000 puts over 5,000 keys from 4 threads (etcd batches concurrent writes).
   constexpr int puts = 10'000;
@@ -165,55 +147,48 @@ TEST(PrefixWatcherTest, FloodOfPutsEndsInTheRightBoundedSnapshot) {
   }
   for (auto& t : writers) t.join();
   const std::int64_t last = highest.load();
-  ASSERT_TRUE(all_rec.wait_until([&] { return all->status().revision == last; })) << all->status().revision;
-  ASSERT_TRUE(capped_rec.wait_until([&] { return capped->status().revision == last; }));
+  ASSERT_TRUE(all.at(last)) << all.w->status().revision;
+  ASSERT_TRUE(capped.at(last));
 
   // The watcher holds what etcd holds, value and revisions alike.
-  auto got = all->entries();
+  const auto got = all.w->entries();
   ASSERT_EQ(got.size(), static_cast<std::size_t>(keys));
-  watch_recorder fresh_rec;
-  auto fresh = start(options_for(etcd.endpoint()), fresh_rec);  // a full read of the same store
-  ASSERT_TRUE(fresh_rec.wait_until([&] { return fresh->status().connected; }));
-  EXPECT_EQ(fresh->entries(), got);
-  EXPECT_TRUE(sluice::testing::revisions_increase(all_rec.deliveries()));
-  EXPECT_EQ(sluice::testing::events_in(all_rec.deliveries()), static_cast<std::size_t>(puts));
+  recorded_watcher fresh(test_options(etcd.endpoint()));  // a full read of the same store
+  ASSERT_TRUE(fresh.connected());
+  EXPECT_EQ(fresh.w->entries(), got);
+  EXPECT_TRUE(sluice::testing::revisions_increase(all.rec.deliveries()));
+  EXPECT_EQ(sluice::testing::events_in(all.rec.deliveries()), static_cast<std::size_t>(puts));
 
   // At the key cap: the first 1,000 keys created, the rest left out and counted once per put.
-  const auto s = capped->status();
-  EXPECT_EQ(capped->entries().size(), 1'000u);
+  const auto s = capped.w->status();
+  EXPECT_EQ(capped.w->entries().size(), 1'000u);
   EXPECT_EQ(s.rejected.size(), max_rejected_listed);
   EXPECT_EQ(s.rejected_total, static_cast<std::uint64_t>(puts - 2 * 1'000));  // each key is put twice
-  for (const auto& [key, e] : capped->entries()) EXPECT_EQ(e, got.at(key));
+  for (const auto& [key, e] : capped.w->entries()) EXPECT_EQ(e, got.at(key));
 }
 
 // A watcher ends within well under a second, whatever it is doing.
-template <class Setup>
-std::chrono::steady_clock::duration time_to_destroy(std::unique_ptr<prefix_watcher> w, Setup wait_for_state) {
-  wait_for_state(*w);
+std::chrono::steady_clock::duration time_to_destroy(recorded_watcher& x) {
   const auto start = std::chrono::steady_clock::now();
-  w.reset();
+  x.w.reset();
   return std::chrono::steady_clock::now() - start;
 }
 
 TEST(PrefixWatcherTest, StopsPromptlyWhileWatching) {
   etcd_server etcd;
-  watch_recorder rec;
-  auto took = time_to_destroy(start(options_for(etcd.endpoint()), rec), [&](prefix_watcher& w) {
-    ASSERT_TRUE(rec.wait_until([&] { return w.status().connected; }));
-  });
-  EXPECT_LT(took, 500ms);
+  recorded_watcher x(test_options(etcd.endpoint()));
+  ASSERT_TRUE(x.connected());
+  EXPECT_LT(time_to_destroy(x), 500ms);
 }
 
 TEST(PrefixWatcherTest, StopsPromptlyWhileBackingOff) {
   etcd_server etcd;
   etcd.kill();  // nothing listens there now
-  watch_recorder rec;
-  auto o = options_for(etcd.endpoint());
+  auto o = test_options(etcd.endpoint());
   o.backoff_base = o.backoff_cap = 60s;
-  auto took = time_to_destroy(start(o, rec), [&](prefix_watcher& w) {
-    ASSERT_TRUE(rec.wait_until([&] { return !w.status().last_error.empty(); }));
-  });
-  EXPECT_LT(took, 500ms);
+  recorded_watcher x(o);
+  ASSERT_TRUE(x.failed());
+  EXPECT_LT(time_to_destroy(x), 500ms);
 }
 
 TEST(PrefixWatcherTest, StopsPromptlyWhileConnecting) {
@@ -226,13 +201,12 @@ TEST(PrefixWatcherTest, StopsPromptlyWhileConnecting) {
   ASSERT_EQ(::listen(fd, 4), 0);
   socklen_t len = sizeof a;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  watch_recorder rec;
-  auto o = options_for("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
+  auto o = test_options("127.0.0.1:" + std::to_string(ntohs(a.sin_port)));
   o.dial_timeout = 60s;
-  auto took = time_to_destroy(start(o, rec), [](prefix_watcher&) {
-    std::this_thread::sleep_for(300ms);  // into the connection attempt; not an assertion's wait
-  });
-  EXPECT_LT(took, 500ms);
+  recorded_watcher x(o);
+  std::this_thread::sleep_for(300ms);  // into the connection attempt (not an assertion's wait)
+  EXPECT_FALSE(x.w->status().connected);
+  EXPECT_LT(time_to_destroy(x), 500ms);
   ::close(fd);
 }
 

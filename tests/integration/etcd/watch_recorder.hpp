@@ -1,19 +1,22 @@
 // tests/integration/etcd/watch_recorder.hpp — records what a prefix_watcher delivers, and waits
 // (on a condition variable, bounded) until a condition on the watcher holds.
 //
-//   sluice::testing::watch_recorder rec;                          // outlives the watcher
-//   auto w = prefix_watcher::create(options, rec.callback());
-//   ASSERT_TRUE(rec.wait_until([&] { return (*w)->entries().contains("a"); }));
-//   for (const auto& d : rec.deliveries()) ...
+//   sluice::testing::recorded_watcher x(sluice::testing::test_options(etcd.endpoint()));
+//   ASSERT_TRUE(x.connected());
+//   ASSERT_TRUE(x.rec.wait_until([&] { return x.w->entries().contains("a"); }));
+//   for (const auto& d : x.rec.deliveries()) ...
 //
 // Thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <algorithm>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "sluice/etcd/prefix_watcher.hpp"
@@ -74,6 +77,38 @@ class watch_recorder {
   std::condition_variable changed_;
   std::vector<delivery> log_;
 };
+
+/// A watcher with its recorder (declared first: it outlives the watcher that calls it).
+struct recorded_watcher {
+  watch_recorder rec;
+  std::unique_ptr<etcd::prefix_watcher> w;
+
+  explicit recorded_watcher(const etcd::etcd_options& o) {
+    auto made = etcd::prefix_watcher::create(o, rec.callback());
+    if (!made) throw std::runtime_error(made.error().message);
+    w = std::move(*made);
+  }
+  bool connected() {
+    return rec.wait_until([&] { return w->status().connected; });
+  }
+  bool disconnected() {
+    return rec.wait_until([&] { return !w->status().connected; });
+  }
+  /// Connected and current at `revision`.
+  bool at(std::int64_t revision) {
+    return rec.wait_until([&] { return w->status().connected && w->status().revision == revision; });
+  }
+  /// Some attempt failed (the status names why).
+  bool failed() {
+    return rec.wait_until([&] { return !w->status().last_error.empty(); });
+  }
+};
+
+/// The test prefix, and a short backoff: a restarted etcd is found again within 0.5 s.
+inline etcd::etcd_options test_options(const std::string& endpoint) {
+  using namespace std::chrono_literals;
+  return {.endpoints = {endpoint}, .prefix = "/sluice/", .dial_timeout = 2s, .backoff_base = 50ms, .backoff_cap = 500ms};
+}
 
 /// True when every changes delivery is at a higher revision than the delivery before it, and no
 /// full read goes back: no event was applied twice.
