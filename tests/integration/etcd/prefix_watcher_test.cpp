@@ -139,7 +139,9 @@ TEST(PrefixWatcherTest, FloodOfPutsEndsInTheRightBoundedSnapshot) {
   for (int t = 0; t < 4; ++t) {
     writers.emplace_back([&, t] {
       for (int i = t; i < puts; i += 4) {
-        const auto rev = kv.put("/sluice/k" + std::to_string(i % keys), "v" + std::to_string(i));
+        std::string key = "/sluice/k";  // appended, not `"..." + s`: GCC 12 warns wrongly (-Wrestrict) on that
+        key += std::to_string(i % keys);
+        const auto rev = kv.put(key, std::to_string(i));
         for (auto h = highest.load(); rev > h && !highest.compare_exchange_weak(h, rev);) {
         }
       }
