@@ -2,7 +2,7 @@
 // exponential backoff with jitter, so that many instances that lost one etcd do not all come back
 // in the same instant.
 //
-//   backoff b{.base = 200ms, .cap = 10s};
+//   backoff b(200ms, 10s);            // base, cap
 //   auto wait = b.delay(failures);   // in [c/2, c], c = min(cap, base * 2^failures)
 //
 // Not thread-safe (it holds its random generator).
