@@ -514,15 +514,81 @@ result<void> read_etcd(const section& s, const reporter& rep, config& out) {
   return {};
 }
 
+result<rule_override> read_override(const section& s, std::string source) {
+  if (auto v = s.only({"rule", "key", "tenant", "user", "rate", "burst", "limit", "tenant_limit", "user_limit"}); !v) {
+    return v.error();
+  }
+  rule_override o;
+  o.source = std::move(source);
+  auto name = s.string("rule", "");
+  if (!name) return name.error();
+  if (!s.has("rule")) return s.missing("rule");
+  o.rule = *name;
+  for (auto [field, out] : {std::pair{"key", &o.key}, {"tenant", &o.tenant}, {"user", &o.user}}) {
+    auto v = s.string(field, "");
+    if (!v) return v.error();
+    if (s.has(field) && v->empty()) return s.bad(field, "must not be empty");
+    if (auto k = validate_key(*v, field); !k) return s.bad(field, k.error().message);
+    *out = *v;
+  }
+  if (o.key.empty() && o.tenant.empty()) return s.missing("key", "(or tenant, for a dual-layer rule)");
+  if (!o.key.empty() && !o.tenant.empty()) return s.bad("key", "and tenant exclude each other");
+  if (!o.user.empty() && o.tenant.empty()) return s.bad("user", "needs tenant");
+  if (s.has("rate")) {
+    auto rate = s.positive_number("rate", max_rate);
+    if (!rate) return rate.error();
+    o.rate = *rate;
+  }
+  for (auto [field, out] : {std::pair{"burst", &o.burst}, {"limit", &o.limit}, {"tenant_limit", &o.tenant_limit},
+                            {"user_limit", &o.user_limit}}) {
+    if (!s.has(field)) continue;
+    auto v = s.integer(field, 1, max_count);
+    if (!v) return v.error();
+    *out = *v;
+  }
+  if (!o.rate && !o.burst && !o.limit && !o.tenant_limit && !o.user_limit) {
+    return s.missing("a limit", "(rate, burst, limit, tenant_limit or user_limit)");
+  }
+  return o;
+}
+
+// JSON scalars as TOML values, so that JSON from etcd is read by the same section code as the file.
+result<toml::table> json_to_table(std::string_view json_text, const reporter& rep) {
+  const toml::source_position nowhere{};
+  auto json = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) return rep.at(nowhere, "is not valid JSON");
+  if (!json.is_object()) return rep.at(nowhere, "must be a JSON object");
+  toml::table t;
+  for (const auto& [key, value] : json.items()) {
+    if (value.is_string()) {
+      t.insert(key, value.get<std::string>());
+    } else if (value.is_number_unsigned()) {
+      if (value.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+        return rep.at(nowhere, key + " is out of range");
+      }
+      t.insert(key, value.get<std::int64_t>());
+    } else if (value.is_number_integer()) {
+      t.insert(key, value.get<std::int64_t>());
+    } else if (value.is_number_float()) {
+      t.insert(key, value.get<double>());
+    } else if (value.is_boolean()) {
+      t.insert(key, value.get<bool>());
+    } else {
+      return rep.at(nowhere, key + " must be a string, a number or a boolean, got " + value.type_name());
+    }
+  }
+  return t;
+}
+
 result<config> read_root(const toml::table& root, const reporter& rep, std::string_view source_name) {
   config out;
   out.source = std::string(source_name);
   for (auto&& [k, v] : root) {
     std::string_view key = k.str();
     if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "etcd" &&
-        key != "rules") {
+        key != "rules" && key != "overrides") {
       return rep.at(k.source(), "unknown key '" + std::string(key) +
-                                    "' (expected ratelimit, server, backend, http, etcd or rules)");
+                                    "' (expected ratelimit, server, backend, http, etcd, rules or overrides)");
     }
   }
   // [server] first: [ratelimit] may also switch log_rejections on.
@@ -563,6 +629,25 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
                                                                (r->name == "default" ? " ([ratelimit] defines rule default)" : ""));
       }
       out.rules.push_back(std::move(*r));
+    }
+  }
+  if (const toml::node* n = root.get("overrides")) {
+    const toml::array* arr = n->as_array();
+    if (!arr) return rep.at(n->source(), "overrides must be an array of tables ([[overrides]]), got " + type_name(*n));
+    if (arr->size() > max_overrides) {
+      return rep.at(n->source(), "more than " + std::to_string(max_overrides) + " overrides");
+    }
+    std::set<std::string> targets;
+    for (const toml::node& e : *arr) {
+      if (!e.is_table()) return rep.at(e.source(), "each entry of overrides must be a table, got " + type_name(e));
+      const section s(*e.as_table(), "[[overrides]]", rep);
+      auto o = read_override(s, std::string(source_name) + ":" + std::to_string(e.source().begin.line));
+      if (!o) return o.error();
+      const rule* base = out.find_rule(o->rule);
+      if (base == nullptr) return s.bad("rule", "names no rule: \"" + o->rule + "\"");
+      if (auto r = apply_override(*base, *o); !r) return rep.at(e.source(), r.error().message);
+      if (!targets.insert(o->target()).second) return rep.at(e.source(), "a second override of the same key");
+      out.overrides.push_back(std::move(*o));
     }
   }
   if (out.enabled && out.rules.empty()) {
@@ -635,39 +720,92 @@ result<config> parse_config(std::string_view toml_text, std::string_view source_
 
 result<rule> parse_rule_json(std::string_view name, std::string_view json_text, std::string_view source) {
   const reporter rep(source);
-  const toml::source_position nowhere{};
-  auto json = nlohmann::json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) return rep.at(nowhere, "is not valid JSON");
-  if (!json.is_object()) return rep.at(nowhere, "must be a JSON object with the fields of a [[rules]] table");
   try {
-    toml::table t;
-    t.insert("name", std::string(name));
-    for (const auto& [key, value] : json.items()) {
-      if (key == "name") {
-        if (!value.is_string() || value.get_ref<const std::string&>() != name) {
-          return rep.at(nowhere, "name must be the key's name \"" + std::string(name) + "\" or absent");
-        }
-      } else if (value.is_string()) {
-        t.insert(key, value.get<std::string>());
-      } else if (value.is_number_integer() && !value.is_number_unsigned()) {
-        t.insert(key, value.get<std::int64_t>());
-      } else if (value.is_number_unsigned()) {
-        if (value.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-          return rep.at(nowhere, key + " is out of range");
-        }
-        t.insert(key, value.get<std::int64_t>());
-      } else if (value.is_number_float()) {
-        t.insert(key, value.get<double>());
-      } else if (value.is_boolean()) {
-        t.insert(key, value.get<bool>());
-      } else {
-        return rep.at(nowhere, key + " must be a string, a number or a boolean, got " + value.type_name());
-      }
+    auto t = json_to_table(json_text, rep);
+    if (!t) return t.error();
+    if (const toml::node* n = t->get("name"); n != nullptr && n->value<std::string_view>() != name) {
+      return rep.at(toml::source_position{}, "name must be the key's name \"" + std::string(name) + "\" or absent");
     }
-    return read_rule(section(t, "the rule", rep));
+    t->insert_or_assign("name", std::string(name));
+    return read_rule(section(*t, "the rule", rep));
   } catch (const std::exception& e) {  // allocation failure
-    return rep.at(nowhere, e.what());
+    return rep.at(toml::source_position{}, e.what());
   }
+}
+
+result<rule_override> parse_override_json(std::string_view json_text, std::string_view source) {
+  const reporter rep(source);
+  try {
+    auto t = json_to_table(json_text, rep);
+    if (!t) return t.error();
+    return read_override(section(*t, "the override", rep), std::string(source));
+  } catch (const std::exception& e) {  // allocation failure
+    return rep.at(toml::source_position{}, e.what());
+  }
+}
+
+std::string rule_override::target() const {
+  // Length-prefixed: keys are any bytes, so no separator could be safe.
+  std::string t;
+  for (const std::string* part : {&rule, &key, &tenant, &user}) {
+    t += std::to_string(part->size());
+    t += ':';
+    t += *part;
+  }
+  return t;
+}
+
+result<rule> apply_override(const rule& base, const rule_override& o) {
+  auto bad = [&](const std::string& what) { return error(errc::config_invalid, o.source + ": " + what); };
+  auto only = [&](std::initializer_list<std::pair<const char*, bool>> fields, const std::string& why) -> result<void> {
+    for (auto [name, set] : fields) {
+      if (set) return bad(std::string(name) + " does not apply: " + why);
+    }
+    return {};
+  };
+  rule r = base;
+  if (base.is_dual_layer()) {
+    if (!o.key.empty()) return bad("rule '" + base.name + "' is dual-layer: give tenant (and user), not key");
+    if (o.user.empty()) {
+      if (auto v = only({{"rate", o.rate.has_value()}, {"burst", o.burst.has_value()}, {"limit", o.limit.has_value()}},
+                        "a tenant's override takes tenant_limit and user_limit");
+          !v) {
+        return v.error();
+      }
+      if (o.tenant_limit) r.tenant->limit = *o.tenant_limit;
+      if (o.user_limit) r.limit.limit = *o.user_limit;
+    } else {
+      if (auto v = only({{"rate", o.rate.has_value()}, {"burst", o.burst.has_value()}, {"limit", o.limit.has_value()},
+                         {"tenant_limit", o.tenant_limit.has_value()}},
+                        "a tenant's user's override takes user_limit");
+          !v) {
+        return v.error();
+      }
+      r.limit.limit = *o.user_limit;
+    }
+  } else {
+    if (o.key.empty()) return bad("rule '" + base.name + "' is single-layer: give key, not tenant");
+    if (base.limit.algorithm == algorithm::token_bucket) {
+      if (auto v = only({{"limit", o.limit.has_value()}, {"tenant_limit", o.tenant_limit.has_value()},
+                         {"user_limit", o.user_limit.has_value()}},
+                        "a token bucket's override takes rate and burst");
+          !v) {
+        return v.error();
+      }
+      if (o.rate) r.limit.rate = per_second(*o.rate);
+      if (o.burst) r.limit.burst = *o.burst;
+    } else {
+      if (auto v = only({{"rate", o.rate.has_value()}, {"burst", o.burst.has_value()},
+                         {"tenant_limit", o.tenant_limit.has_value()}, {"user_limit", o.user_limit.has_value()}},
+                        "a window's override takes limit");
+          !v) {
+        return v.error();
+      }
+      r.limit.limit = *o.limit;
+    }
+  }
+  if (auto v = validate(r); !v) return bad(v.error().message);
+  return r;
 }
 
 result<config> load_config(const std::string& path) {

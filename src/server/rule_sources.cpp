@@ -11,8 +11,10 @@ etcd_rules::etcd_rules(std::string prefix, std::function<result<void>(const rule
 
 std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& values, bool& changed) {
   constexpr std::string_view rules_dir = "rules/";
+  constexpr std::string_view overrides_dir = "overrides/";
   std::vector<rejected_value> rejected;
   std::map<std::string, entry, std::less<>> next;
+  std::map<std::string, override_entry, std::less<>> next_overrides;
   std::set<std::string, std::less<>> seen;  // full keys present now
   auto reject = [&](std::string key, std::int64_t revision, std::string reason) {
     auto [it, fresh] = reported_.try_emplace(key, revision);
@@ -23,8 +25,31 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
   for (const etcd_value& v : values) {
     std::string key = prefix_ + std::string(v.key);
     seen.insert(key);
+    if (v.key.starts_with(overrides_dir)) {
+      const std::string_view id = v.key.substr(overrides_dir.size());
+      auto before = overrides_.find(id);
+      if (before != overrides_.end() && before->second.mod_revision == v.mod_revision) {
+        next_overrides.insert(*before);
+        continue;
+      }
+      const std::string source = "etcd " + key + " (mod_revision " + std::to_string(v.mod_revision) + ")";
+      result<rule_override> o = next_overrides.size() >= max_overrides
+                                    ? result<rule_override>(error(errc::config_invalid,
+                                                                  source + ": more than " + std::to_string(max_overrides) +
+                                                                      " overrides in etcd"))
+                                    : parse_override_json(v.value, source);
+      if (!o) {
+        reject(std::move(key), v.mod_revision, o.error().message);
+        if (before != overrides_.end()) next_overrides.insert(*before);
+        continue;
+      }
+      reported_.erase(key);
+      next_overrides.emplace(std::string(id), override_entry{std::move(*o), v.mod_revision});
+      continue;
+    }
     if (!v.key.starts_with(rules_dir)) {
-      reject(std::move(key), v.mod_revision, "unknown key: rules are under " + prefix_ + "rules/NAME");
+      reject(std::move(key), v.mod_revision,
+             "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");
       continue;
     }
     const std::string_view name = v.key.substr(rules_dir.size());
@@ -50,12 +75,29 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
     next.emplace(std::string(name), entry{std::move(*r), std::move(key), v.mod_revision});
   }
   std::erase_if(reported_, [&](const auto& kv) { return !seen.contains(kv.first); });
-  changed = next.size() != rules_.size();
-  for (auto a = next.begin(), b = rules_.begin(); !changed && a != next.end(); ++a, ++b) {
-    changed = a->first != b->first || a->second.mod_revision != b->second.mod_revision;
-  }
+  auto differ = [](const auto& x, const auto& y) {
+    if (x.size() != y.size()) return true;
+    for (auto a = x.begin(), b = y.begin(); a != x.end(); ++a, ++b) {
+      if (a->first != b->first || a->second.mod_revision != b->second.mod_revision) return true;
+    }
+    return false;
+  };
+  changed = differ(next, rules_) || differ(next_overrides, overrides_);
   rules_ = std::move(next);
+  overrides_ = std::move(next_overrides);
   return rejected;
+}
+
+std::vector<rule_override> merge_overrides(const std::vector<rule_override>& file_overrides, const etcd_rules* etcd) {
+  if (etcd == nullptr || etcd->overrides().empty()) return file_overrides;
+  std::map<std::string, const rule_override*> from_etcd;  // by target
+  for (const auto& [id, e] : etcd->overrides()) from_etcd.emplace(e.value.target(), &e.value);
+  std::vector<rule_override> out;
+  for (const rule_override& o : file_overrides) {
+    if (!from_etcd.contains(o.target())) out.push_back(o);
+  }
+  for (const auto& [id, e] : etcd->overrides()) out.push_back(e.value);
+  return out;
 }
 
 merged_rules merge_rules(const std::vector<rule>& file_rules, const etcd_rules* etcd) {

@@ -13,6 +13,7 @@
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/server/api.hpp"
+#include "sluice/server/config.hpp"
 
 namespace sluice::server {
 
@@ -30,9 +31,9 @@ struct rejected_value {
   std::string reason;
 };
 
-/// The rules etcd holds under `prefix + "rules/"`: for each key, the last version that parsed and
-/// validated. A value that does not keeps the previous version of its rule in force. Not
-/// thread-safe.
+/// The rules etcd holds under `prefix + "rules/"` and the overrides under `prefix + "overrides/"`:
+/// for each key, the last version that parsed and validated. A value that does not keeps the
+/// previous version in force. Not thread-safe.
 class etcd_rules {
  public:
   /// Most rules taken from etcd; keys beyond it are rejected.
@@ -53,15 +54,27 @@ class etcd_rules {
   /// the rules differ from before.
   std::vector<rejected_value> apply(const std::vector<etcd_value>& values, bool& changed);
 
+  struct override_entry {
+    rule_override value;
+    std::int64_t mod_revision = 0;
+  };
+
   /// By rule name.
   const std::map<std::string, entry, std::less<>>& rules() const noexcept { return rules_; }
+  /// By override id (the key's last part).
+  const std::map<std::string, override_entry, std::less<>>& overrides() const noexcept { return overrides_; }
 
  private:
   std::string prefix_;
   std::function<result<void>(const rule&)> check_;
   std::map<std::string, entry, std::less<>> rules_;
+  std::map<std::string, override_entry, std::less<>> overrides_;
   std::map<std::string, std::int64_t, std::less<>> reported_;  // key → the bad mod_revision already reported
 };
+
+/// The file's overrides, each replaced by etcd's override of the same target, then etcd's others
+/// by id. Whether each fits its rule is checked as the snapshot is made.
+std::vector<rule_override> merge_overrides(const std::vector<rule_override>& file_overrides, const etcd_rules* etcd);
 
 /// The rules in force and where each came from (index-aligned).
 struct merged_rules {

@@ -62,12 +62,16 @@ int run(const server_options& options) {
   int rc = 0;
   {
     const etcd_settings etcd = cfg->etcd;
-    auto snap = make_snapshot(std::move(*cfg), {}, **b, nullptr);
-    if (!snap) {
-      spdlog::error("event=config_invalid error={}", log_value(snap.error().message));
+    auto built = make_snapshot(std::move(*cfg), {}, **b, nullptr);
+    if (!built) {
+      spdlog::error("event=config_invalid error={}", log_value(built.error().message));
       return 1;
     }
-    service svc(options.config_path, std::move(*snap), std::move(*b));
+    if (!built->rejected_overrides.empty()) {  // the file's overrides were checked at load
+      spdlog::error("event=config_invalid error={}", log_value(built->rejected_overrides.front()));
+      return 1;
+    }
+    service svc(options.config_path, std::move(built->snap), std::move(*b));
     if (etcd.enabled) {
       if (auto started = svc.start_etcd(etcd); !started) {
         spdlog::error("event=config_invalid error={}", log_value(started.error().message));

@@ -233,11 +233,13 @@ void service::reload(std::string_view trigger) {
   next.server.listen = old->cfg.server.listen;
   next.server.threads = old->cfg.server.threads;
   std::vector<rule> file_rules = next.rules;
+  std::vector<rule_override> file_overrides = next.overrides;
   if (!publish(std::move(next), trigger)) {
     metrics_.record_reload(false);
     return;
   }
   file_rules_ = std::move(file_rules);
+  file_overrides_ = std::move(file_overrides);
   file_loads_.fetch_add(1, std::memory_order_relaxed);
   metrics_.record_reload(true);
 }
@@ -246,24 +248,35 @@ void service::reload(std::string_view trigger) {
 bool service::publish(config settings, std::string_view trigger) {
   merged_rules merged = merge_rules(settings.rules, etcd_rules_.get());
   settings.rules = std::move(merged.rules);
+  settings.overrides = merge_overrides(settings.overrides, etcd_rules_.get());
   auto old = current();
   const bool enabled = settings.enabled;
-  auto snap = make_snapshot(std::move(settings), std::move(merged.origins), *backend_, old.get());
-  if (!snap) {
-    spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(snap.error().message));
+  auto built = make_snapshot(std::move(settings), std::move(merged.origins), *backend_, old.get());
+  if (!built) {
+    spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(built.error().message));
     return false;
   }
+  // Overrides left out (their rule gone, or of another algorithm now): each logged once.
+  std::set<std::string> rejected(built->rejected_overrides.begin(), built->rejected_overrides.end());
+  for (const std::string& why : rejected) {
+    if (reported_overrides_.contains(why)) continue;
+    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("event=config_rejected source=override error={}", log_value(why));
+  }
+  reported_overrides_ = std::move(rejected);
+  auto* snap = &built->snap;
   // Checks already running keep the old snapshot; new checks get the new one, where a rule whose
   // limits alone changed keeps its keys' state and any other change starts afresh.
   const std::size_t rules = (*snap)->rules->size();
   const std::size_t changed = rules - (*snap)->rules->kept();
+  const std::size_t overrides = (*snap)->override_count;
   {
     std::lock_guard lock(mu_);
     current_ = std::move(*snap);
     version_.fetch_add(1, std::memory_order_release);
   }
-  spdlog::info("event=reload result=success trigger={} rules={} enabled={} changed_rules={} version={}", trigger,
-               rules, enabled, changed, current()->rules->version());
+  spdlog::info("event=reload result=success trigger={} rules={} overrides={} enabled={} changed_rules={} version={}",
+               trigger, rules, overrides, enabled, changed, current()->rules->version());
   return true;
 }
 
@@ -300,6 +313,7 @@ void service::apply_etcd() {
   if (!changed) return;
   config settings = current()->cfg;
   settings.rules = file_rules_;
+  settings.overrides = file_overrides_;
   if (!publish(std::move(settings), "etcd")) etcd_errors_.fetch_add(1, std::memory_order_relaxed);
 }
 

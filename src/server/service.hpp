@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,7 @@ class service {
         metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
         current_(std::move(snap)),
         file_rules_(current_->cfg.rules),
+        file_overrides_(current_->cfg.overrides),
         acceptor_(ioc_),
         signals_(ioc_, SIGTERM, SIGINT, SIGHUP),
         watch_timer_(ioc_),
@@ -130,9 +132,11 @@ class service {
   std::mutex reload_mu_;
   // Guarded by reload_mu_: the file's rules as last loaded, and etcd's (null without [etcd]).
   std::vector<rule> file_rules_;
+  std::vector<rule_override> file_overrides_;
   std::unique_ptr<etcd_rules> etcd_rules_;
   std::atomic<std::uint64_t> file_loads_{1};
   std::atomic<std::uint64_t> etcd_errors_{0};
+  std::set<std::string> reported_overrides_;  // the overrides left out by the last publish
   std::mutex status_mu_;
   rule_source_status etcd_status_{.name = "etcd", .connected = false};  // guarded by status_mu_
   tcp::acceptor acceptor_;

@@ -177,15 +177,18 @@ void session::handle_check() {
   clear_deadline();       // the backend has its own timeout
   outstanding_ = 1;       // held until every check is issued, so an inline completion cannot finish early
   for (std::size_t i = 0; i < batch_.items.size(); ++i) {
-    const check_item& item = batch_.items[i];
+    check_item& item = batch_.items[i];
     if (item.error) continue;
+    // An override of this key, tenant or user: its limits decide, and its figures are rendered.
+    const prepared_rule& prepared = snap_->prepared_for(item);
+    item.rule = &prepared.definition();
     if (!snap_->cfg.enabled) {
       results_[i] = disabled_decision(*item.rule);
       continue;
     }
     ++outstanding_;
     check_request req = item.request();
-    req.prepared = &snap_->prepared(*item.rule);
+    req.prepared = &prepared;
     svc_.backend().async_check(req, [self = shared_from_this(), i](result<decision> r) {
       // Inline completions (memory backend) run here and now; Redis completes on its own thread
       // and is posted back to this connection's thread.

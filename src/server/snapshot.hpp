@@ -1,8 +1,13 @@
-// The rules sluiced serves at one moment: a loaded config and its rules prepared on the backend.
-// Built at start and at each reload, then shared read-only by every io thread.
+// The rules sluiced serves at one moment: a loaded config, its rules and overrides prepared on the
+// backend. Built at start, at each reload and at each change from etcd, then shared read-only by
+// every io thread.
 #pragma once
 
 #include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "sluice/backend.hpp"
 #include "sluice/error.hpp"
@@ -13,20 +18,46 @@
 
 namespace sluice::server {
 
+// Heterogeneous lookup: a check's key finds its override without a copy.
+struct string_hash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+using override_map = std::unordered_map<std::string, prepared_rule_ptr, string_hash, std::equal_to<>>;
+
 // One loaded configuration and what is derived from it: its rules prepared on the backend, in the
 // config's order (rules->rules()[i] is cfg.rules[i]), so a check finds its prepared rule by index.
 struct snapshot {
-  config cfg;  // cfg.rules: the rules in force, the file's and etcd's merged
+  config cfg;  // cfg.rules: the rules in force, the file's and etcd's merged; cfg.overrides likewise
   std::vector<rule_origin> origins;  // where each of cfg.rules came from
   std::shared_ptr<const rule_set> rules;
+  // Per rule (index-aligned with cfg.rules): its overrides by key — single-layer rules — or by
+  // tenant and by tenant_user_key(tenant, user) — dual-layer rules. Empty for most rules.
+  std::vector<override_map> overrides;
+  std::size_t override_count = 0;
+  // Every override's prepared rule by rule_override::target(), for the next snapshot to reuse.
+  std::unordered_map<std::string, prepared_rule_ptr> by_target;
   sluice::http::header_options headers;
 
-  const prepared_rule& prepared(const rule& r) const { return *rules->rules()[static_cast<std::size_t>(&r - cfg.rules.data())]; }
+  std::size_t index_of(const rule& r) const { return static_cast<std::size_t>(&r - cfg.rules.data()); }
+  const prepared_rule& prepared(const rule& r) const { return *rules->rules()[index_of(r)]; }
+  // The prepared rule a check of `item` uses: its override's, or its rule's. One hash lookup when
+  // the rule has overrides (two for a dual-layer rule), none otherwise.
+  const prepared_rule& prepared_for(const check_item& item) const;
+};
+
+std::string tenant_user_key(std::string_view tenant, std::string_view user);
+
+struct built_snapshot {
+  std::shared_ptr<const snapshot> snap;
+  std::vector<std::string> rejected_overrides;  // why each override left out was left out
 };
 
 // `origins`: index-aligned with cfg.rules; empty means all from the file. `previous` (may be null):
-// its unchanged rules keep their prepared form, hence their state.
-result<std::shared_ptr<const snapshot>> make_snapshot(config cfg, std::vector<rule_origin> origins, backend& b,
-                                                      const snapshot* previous);
+// its unchanged rules and overrides keep their prepared form, hence their state; those whose
+// limits alone changed keep their keys' state (backend::prepare_change). An override that does not
+// fit its rule any more (its rule gone or changed algorithm) is left out and reported.
+result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origins, backend& b,
+                                     const snapshot* previous);
 
 }  // namespace sluice::server

@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -111,6 +112,34 @@ struct etcd_settings {
   std::chrono::milliseconds dial_timeout{2000};
 };
 
+/// One key's own limits for a rule — or one tenant's, or one tenant's user's, for a dual-layer
+/// rule: `[[overrides]]` in the file, `PREFIX overrides/ID` in etcd. It replaces the limit
+/// parameters of that key and nothing else; the fields it may set follow the rule's algorithm.
+struct rule_override {
+  std::string rule;    ///< The rule's name. Required.
+  std::string key;     ///< Single-layer rules: the key.
+  std::string tenant;  ///< Dual-layer rules: the tenant...
+  std::string user;    ///< ...and optionally one of its users.
+  std::optional<double> rate;                ///< token_bucket
+  std::optional<std::int64_t> burst;         ///< token_bucket
+  std::optional<std::int64_t> limit;         ///< single-layer windows
+  std::optional<std::int64_t> tenant_limit;  ///< dual-layer, tenant overrides only
+  std::optional<std::int64_t> user_limit;    ///< dual-layer
+  std::string source;  ///< For messages: "file.toml [[overrides]] #2", "etcd /sluice/overrides/x (mod_revision 9)".
+
+  /// Whom it concerns, as one string (the rule's name first): overrides of one target replace
+  /// each other.
+  std::string target() const;
+  friend bool operator==(const rule_override&, const rule_override&) = default;
+};
+
+/// Most overrides in force (file and etcd together); more are refused at load.
+inline constexpr std::size_t max_overrides = 10'000;
+
+/// `base` with `o`'s parameters: errors name what does not fit (a field its algorithm does not
+/// have, a key for a dual-layer rule, a limit out of range). `base` must be o.rule.
+result<rule> apply_override(const rule& base, const rule_override& o);
+
 /// A whole configuration file.
 struct config {
   /// The file it was read from (for messages); "" when parsed from a string without a name.
@@ -123,6 +152,8 @@ struct config {
   etcd_settings etcd;
   /// Every rule, `default` first when the [ratelimit] form defines it. Names are unique.
   std::vector<rule> rules;
+  /// [[overrides]], each checked against its rule; targets are unique.
+  std::vector<rule_override> overrides;
 
   /// The rule named `name`, or nullptr.
   const rule* find_rule(std::string_view name) const noexcept;
@@ -141,6 +172,10 @@ result<config> parse_config(std::string_view toml_text, std::string_view source_
 /// Reads one rule from a JSON object with the fields of a [[rules]] table, its name given apart (an
 /// etcd key's last part; a "name" field, if any, must match). Errors start with `source`.
 result<rule> parse_rule_json(std::string_view name, std::string_view json_text, std::string_view source);
+
+/// Reads one override from a JSON object with the fields of an [[overrides]] table. Its rule is
+/// not looked up (see apply_override). Errors start with `source`.
+result<rule_override> parse_override_json(std::string_view json_text, std::string_view source);
 
 /// Reads and parses a file. A missing or unreadable file is an error naming it.
 result<config> load_config(const std::string& path);

@@ -26,6 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "integration/free_port.hpp"
+
 namespace sluice::testing {
 
 /// A child process whose stdout we read; killed (SIGTERM, then SIGKILL) and reaped on destruction.
@@ -122,19 +124,6 @@ class child {
   std::string buffer_;
   int port_ = 0;
 };
-
-/// A free TCP port on 127.0.0.1 (bind port 0, read it, close).
-inline int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
 
 struct http_response {
   int status = 0;                             ///< 0: no response (connection failed or closed).

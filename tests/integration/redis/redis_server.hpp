@@ -29,28 +29,14 @@
 #include <thread>
 #include <vector>
 
+#include "integration/free_port.hpp"
+
 namespace sluice::testing {
 
 struct reply_deleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };
 using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
-
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    throw std::runtime_error("cannot bind a free port");
-  }
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 class redis_server {
  public:

@@ -1,0 +1,34 @@
+// tests/integration/free_port.hpp — a TCP port on 127.0.0.1 for a server a test starts: bind port
+// 0, read it, close. Another process may take it before the server binds it, so fixtures check
+// that the server answering there is theirs, and retry.
+//
+//   int port = sluice::testing::free_port();
+//
+// Thread-safe.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <stdexcept>
+
+namespace sluice::testing {
+
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    throw std::runtime_error("cannot bind a free port");
+  }
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace sluice::testing
