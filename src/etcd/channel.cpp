@@ -17,7 +17,7 @@ result<std::string> read_pem(const std::string& option, const std::string& path)
   std::ostringstream text;
   if (in) text << in.rdbuf();
   if (!in || text.str().empty()) {
-    return error(errc::config_invalid, "etcd: " + option + " \"" + path + "\" cannot be read or is empty");
+    return error(errc::invalid_argument, "etcd: " + option + " \"" + path + "\" cannot be read or is empty");
   }
   return text.str();
 }

@@ -22,7 +22,7 @@
 namespace sluice::etcd::detail {
 
 /// Plaintext when no TLS file is set; else TLS with the CA, certificate and key files read now.
-/// Errors (config_invalid) name the file that cannot be read.
+/// Errors (invalid_argument) name the file that cannot be read.
 result<std::shared_ptr<grpc::ChannelCredentials>> make_credentials(const etcd_options& options);
 
 /// A new channel to "host:port" (as validated), sharing no connection with other channels, with

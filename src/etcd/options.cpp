@@ -7,7 +7,7 @@
 namespace sluice::etcd {
 namespace {
 
-error invalid(std::string what) { return {errc::config_invalid, "etcd: " + std::move(what)}; }
+error invalid(std::string what) { return {errc::invalid_argument, "etcd: " + std::move(what)}; }
 
 }  // namespace
 

@@ -25,7 +25,7 @@ class watched_prefix final : public etcd_source {
         [this](const etcd::watch_update&) {
           if (!pending_.exchange(true)) changed_();
         });
-    if (!w) return w.error();
+    if (!w) return error(errc::config_invalid, w.error().message);  // a bad [etcd] setting of sluiced
     watcher_ = std::move(*w);
     return {};
   }

@@ -60,7 +60,7 @@ struct etcd_options {
 /// Checks the options: at least one endpoint, each a valid host:port (port 1 to 65535); a password
 /// only with a username; cert_file and key_file together; positive timeouts; 0 < backoff_base <=
 /// backoff_cap <= 10 min; max_keys, max_value_bytes and max_key_bytes at least 1. Errors are
-/// errc::config_invalid, naming the option. The TLS files are read (and so checked) only by
+/// errc::invalid_argument, naming the option. The TLS files are read (and so checked) only by
 /// `prefix_watcher::create`.
 result<void> validate(const etcd_options& options);
 

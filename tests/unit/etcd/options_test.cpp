@@ -34,7 +34,7 @@ TEST(EtcdOptionsTest, EachInvalidOptionIsNamed) {
     change(o);
     auto r = validate(o);
     ASSERT_FALSE(r.ok()) << message;
-    EXPECT_EQ(r.error(), errc::config_invalid);
+    EXPECT_EQ(r.error(), errc::invalid_argument);
     EXPECT_NE(r.error().message.find(message), std::string::npos) << r.error().message;
   }
 }
