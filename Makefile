@@ -53,6 +53,7 @@ bench: build
 	bench/redis/run.sh build/bench/redis_benchmark
 	bench/server/run.sh build/src/server/sluiced
 	bench/http/run.sh build/examples/notes_beast
+	bench/etcd/run.sh build/src/server/sluiced
 
 # The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
 bench-peers: build

@@ -94,6 +94,12 @@ class backend {
   /// Default: prepare(r).
   virtual result<prepared_rule_ptr> prepare_change(const rule& r, const prepared_rule& previous);
 
+  /// Prepares `r`, `base`'s rule with other limits for some of its keys (an override), over the
+  /// same state: a key checked with it keeps what it used under `base`, and a tenant's layer stays
+  /// one for all its users. The memory backend shares base's tables; Redis keys do not depend on
+  /// limits. Default: prepare(r).
+  virtual result<prepared_rule_ptr> prepare_override(const rule& r, const prepared_rule& base);
+
   /// Checks and, when admitted, records `req.cost`. Blocks at most the backend's timeout.
   virtual result<decision> check(const check_request& req) = 0;
 

@@ -26,6 +26,7 @@
 #include "sluice/clock.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/error.hpp"
+#include "sluice/limiter_state.hpp"
 #include "sluice/policy.hpp"
 
 namespace sluice {
@@ -58,14 +59,27 @@ class keyed_limiter {
   keyed_limiter(const keyed_limiter&) = delete;
   keyed_limiter& operator=(const keyed_limiter&) = delete;
 
-  /// Checks `key`'s limiter. Errors: empty or over-long key, invalid cost (nothing recorded).
-  result<decision> try_acquire(std::string_view key, time_point now, std::int64_t cost = 1);
+  /// Limits that replace the policy's for the keys checked with them (an override), over the same
+  /// state: made by limits_for(), for that limiter and those retuned from it.
+  struct key_limits {
+    sluice::policy policy;
+    compiled_policy compiled;
+  };
+  /// Errors: an invalid policy, another algorithm or window than this limiter's.
+  result<key_limits> limits_for(const sluice::policy& p) const;
+
+  /// Checks `key`'s limiter, under `limits` when given. Errors: empty or over-long key, invalid
+  /// cost (nothing recorded).
+  result<decision> try_acquire(std::string_view key, time_point now, std::int64_t cost = 1,
+                               const key_limits* limits = nullptr);
   result<decision> try_acquire(std::string_view key, std::int64_t cost = 1);
 
   /// A dual-layer check: `tenants` keyed by tenant, `users` by (tenant, user), all or nothing (see
   /// dual_layer.hpp). `tenants` and `users` must be different limiters.
   static result<decision> try_acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
-                                           std::string_view user, time_point now, std::int64_t cost = 1);
+                                           std::string_view user, time_point now, std::int64_t cost = 1,
+                                           const key_limits* tenant_limits = nullptr,
+                                           const key_limits* user_limits = nullptr);
 
   const sluice::policy& policy() const noexcept;
   /// Entries held (idle ones included until dropped).

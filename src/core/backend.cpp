@@ -12,6 +12,10 @@ result<prepared_rule_ptr> backend::prepare_change(const rule& r, const prepared_
   return prepare(r);
 }
 
+result<prepared_rule_ptr> backend::prepare_override(const rule& r, const prepared_rule& /*base*/) {
+  return prepare(r);
+}
+
 result<void> validate(const check_request& req) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
   const rule& r = *req.rule;

@@ -32,7 +32,28 @@ std::string pair_key(std::string_view tenant, std::string_view user) {
   return k;
 }
 
+// The parameters a check uses: an override's, or the table's.
+template <class Params>
+const Params& params_of(const Params& table_params, const keyed_limiter::key_limits* limits) {
+  if (limits == nullptr) return table_params;
+  if constexpr (std::is_same_v<Params, gcra_params>) {
+    return limits->compiled.gcra;
+  } else {
+    return limits->compiled;
+  }
+}
+
+bool same_shape(const policy& a, const policy& b) {
+  return a.algorithm == b.algorithm && (a.algorithm == algorithm::token_bucket || a.window == b.window);
+}
+
 }  // namespace
+
+result<keyed_limiter::key_limits> keyed_limiter::limits_for(const sluice::policy& p) const {
+  if (auto v = validate(p); !v) return v.error();
+  if (!same_shape(p, impl_->policy)) return {errc::invalid_argument, "key limits keep the limiter's algorithm and window"};
+  return key_limits{p, compiled_policy::from(p)};
+}
 
 result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
   if (auto v = validate(o.policy); !v) return v.error();
@@ -53,10 +74,7 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
 result<std::unique_ptr<keyed_limiter>> keyed_limiter::retuned(keyed_limiter& from, const sluice::policy& p,
                                                               time_point now) {
   if (auto v = validate(p); !v) return v.error();
-  const sluice::policy& old = from.impl_->policy;
-  if (p.algorithm != old.algorithm || (p.algorithm != algorithm::token_bucket && p.window != old.window)) {
-    return {errc::invalid_argument, "a retuned limiter keeps its algorithm and window"};
-  }
+  if (!same_shape(p, from.impl_->policy)) return {errc::invalid_argument, "a retuned limiter keeps its algorithm and window"};
   const compiled_policy cp = compiled_policy::from(p);
   const std::int64_t now_ns = to_ns(now);
   std::visit(
@@ -78,15 +96,18 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::retuned(keyed_limiter& fro
 keyed_limiter::keyed_limiter(std::unique_ptr<impl> p) : impl_(std::move(p)) {}
 keyed_limiter::~keyed_limiter() = default;
 
-result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now, std::int64_t cost) {
+result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now, std::int64_t cost,
+                                            const key_limits* limits) {
   if (key.empty()) return {errc::invalid_argument, "key must not be empty"};
   if (auto v = validate_key(key); !v) return v.error();
-  if (auto c = validate_cost(impl_->policy, cost); !c) return c.error();
+  if (auto c = validate_cost(limits ? limits->policy : impl_->policy, cost); !c) return c.error();
   const std::int64_t now_ns = to_ns(now);
   return std::visit(
       [&](auto& table) {
         return table.with_entry(key, now_ns,
-                                [&](auto& state, const auto& params) { return check_and_commit(state, params, now_ns, cost); });
+                                [&](auto& state, const auto& params) {
+                                  return check_and_commit(state, params_of(params, limits), now_ns, cost);
+                                });
       },
       *impl_->table);
 }
@@ -96,14 +117,17 @@ result<decision> keyed_limiter::try_acquire(std::string_view key, std::int64_t c
 }
 
 result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
-                                                 std::string_view user, time_point now, std::int64_t cost) {
+                                                 std::string_view user, time_point now, std::int64_t cost,
+                                                 const key_limits* tenant_limits, const key_limits* user_limits) {
   if (&tenants == &users) return {errc::invalid_argument, "tenant and user layers must be different limiters"};
   if (tenant.empty()) return {errc::invalid_argument, "tenant must not be empty"};
   if (user.empty()) return {errc::invalid_argument, "user must not be empty"};
   if (auto v = validate_key(tenant, "tenant"); !v) return v.error();
   if (auto v = validate_key(user, "user"); !v) return v.error();
-  if (auto c = validate_cost(tenants.impl_->policy, cost); !c) return error(c.error().code, "tenant layer: " + c.error().message);
-  if (auto c = validate_cost(users.impl_->policy, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
+  const sluice::policy& tenant_policy = tenant_limits ? tenant_limits->policy : tenants.impl_->policy;
+  const sluice::policy& user_policy = user_limits ? user_limits->policy : users.impl_->policy;
+  if (auto c = validate_cost(tenant_policy, cost); !c) return error(c.error().code, "tenant layer: " + c.error().message);
+  if (auto c = validate_cost(user_policy, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
   const std::int64_t now_ns = to_ns(now);
   const std::string user_key = pair_key(tenant, user);
   return std::visit(
@@ -111,7 +135,7 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
         // Tenant first, then user: the one lock order every dual-layer check uses.
         return with_entry_pair(tenant_table, tenant, user_table, user_key, now_ns,
                                [&](auto& t, const auto& tp, auto& u, const auto& up) {
-          return check_dual_layer(t, tp, u, up, now_ns, cost);
+          return check_dual_layer(t, params_of(tp, tenant_limits), u, params_of(up, user_limits), now_ns, cost);
         });
       },
       *tenants.impl_->table, *users.impl_->table);

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,11 +21,14 @@ struct rule_state {
   std::unique_ptr<keyed_limiter> tenants;
 };
 
-// A prepared rule is its state: checks carrying it go straight to its tables.
+// A prepared rule is its state: checks carrying it go straight to its tables. An override's is its
+// rule's state with other limits for the keys it concerns (a key's state is the same either way).
 struct memory_prepared_rule final : prepared_rule {
   memory_prepared_rule(const rule& r, const backend* owner, std::shared_ptr<rule_state> s)
       : prepared_rule(r, owner), state(std::move(s)) {}
   std::shared_ptr<rule_state> state;
+  std::optional<keyed_limiter::key_limits> limits;         // the user layer's, or the only one's
+  std::optional<keyed_limiter::key_limits> tenant_limits;  // dual-layer
 };
 
 // Each thread remembers the rule states it used last, so that a check takes no lock and writes no
@@ -79,10 +83,27 @@ class memory_backend_impl final : public memory_backend {
     return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(s)));
   }
 
+  result<prepared_rule_ptr> prepare_override(const rule& r, const prepared_rule& base) override {
+    if (base.owner() != this || !same_shape(base.definition(), r)) return prepare(r);
+    if (auto v = validate(r); !v) return v.error();
+    const auto& b = static_cast<const memory_prepared_rule&>(base);
+    auto p = std::make_shared<memory_prepared_rule>(r, this, b.state);
+    auto limits = b.state->limiter->limits_for(r.limit);
+    if (!limits) return limits.error();
+    p->limits = std::move(*limits);
+    if (r.tenant) {
+      auto tenant_limits = b.state->tenants->limits_for(*r.tenant);
+      if (!tenant_limits) return tenant_limits.error();
+      p->tenant_limits = std::move(*tenant_limits);
+    }
+    return prepared_rule_ptr(std::move(p));
+  }
+
   result<decision> check(const check_request& req) override {
     if (auto v = validate(req); !v) return v.error();
     if (req.prepared != nullptr && req.prepared->owner() == this) {
-      return decide(*static_cast<const memory_prepared_rule*>(req.prepared)->state, req);
+      const auto& p = *static_cast<const memory_prepared_rule*>(req.prepared);
+      return decide(*p.state, req, p.limits ? &*p.limits : nullptr, p.tenant_limits ? &*p.tenant_limits : nullptr);
     }
     rule_state* cached = cached_state_for(*req.rule);
     std::shared_ptr<rule_state> held;
@@ -165,10 +186,14 @@ class memory_backend_impl final : public memory_backend {
     return out;
   }
 
-  result<decision> decide(rule_state& s, const check_request& req) {
+  result<decision> decide(rule_state& s, const check_request& req, const keyed_limiter::key_limits* limits = nullptr,
+                          const keyed_limiter::key_limits* tenant_limits = nullptr) {
     const time_point now = options_.clock->now();
-    if (s.tenants) return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost);
-    return s.limiter->try_acquire(req.key, now, req.cost);
+    if (s.tenants) {
+      return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost, tenant_limits,
+                                             limits);
+    }
+    return s.limiter->try_acquire(req.key, now, req.cost, limits);
   }
 
   // Only limits differ: the same algorithm, window, layers and key-cap behaviour, so the keys'

@@ -25,7 +25,7 @@ std::optional<api_error> read_string(const json& obj, const char* field, std::st
 }
 
 // Parses and validates one check object. Never touches a backend.
-check_item parse_item(const json& j, const config& cfg) {
+check_item parse_item(const json& j, const config& cfg, const rule_resolver& resolve) {
   check_item item;
   auto fail = [&](api_error e) {
     item.error = std::move(e);
@@ -73,6 +73,10 @@ check_item parse_item(const json& j, const config& cfg) {
     }
     if (!has_key) return fail(invalid("key is missing"));
   }
+  if (resolve) {
+    item.prepared = &resolve(item);
+    item.rule = &item.prepared->definition();
+  }
   if (auto v = validate(item.request()); !v) return fail(invalid(v.error().message));
   return item;
 }
@@ -112,7 +116,8 @@ json rule_json(const rule& r) {
 }  // namespace
 
 std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
-                         std::uint64_t version, const std::vector<rule_source_status>& sources) {
+                         std::size_t override_count, std::uint64_t version,
+                         const std::vector<rule_source_status>& sources) {
   json out;
   out["version"] = version;
   json& list = out["rules"] = json::array();
@@ -126,6 +131,7 @@ std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_
     }
     list.push_back(std::move(j));
   }
+  out["overrides"] = override_count;
   json& src = out["sources"] = json::array();
   for (const rule_source_status& s : sources) {
     src.push_back({{"name", s.name}, {"connected", s.connected}, {"revision", s.revision}, {"detail", s.detail}});
@@ -140,7 +146,8 @@ std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
   return d.count() / ns_per_ms + (d.count() % ns_per_ms != 0 ? 1 : 0);
 }
 
-std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg) {
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg,
+                                                      const rule_resolver& resolve) {
   if (body.size() > max_body_bytes) {
     return api_error{413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
   }
@@ -157,10 +164,10 @@ std::variant<check_batch, api_error> parse_check_body(std::string_view body, con
     }
     out.batch = true;
     out.items.reserve(it->size());
-    for (const json& e : *it) out.items.push_back(parse_item(e, cfg));
+    for (const json& e : *it) out.items.push_back(parse_item(e, cfg, resolve));
     return out;
   }
-  check_item item = parse_item(j, cfg);
+  check_item item = parse_item(j, cfg, resolve);
   if (item.error) return std::move(*item.error);
   out.items.push_back(std::move(item));
   return out;

@@ -531,9 +531,9 @@ result<rule_override> read_override(const section& s, std::string source) {
     if (auto k = validate_key(*v, field); !k) return s.bad(field, k.error().message);
     *out = *v;
   }
+  if (!o.user.empty() && o.tenant.empty()) return s.bad("user", "needs tenant");
   if (o.key.empty() && o.tenant.empty()) return s.missing("key", "(or tenant, for a dual-layer rule)");
   if (!o.key.empty() && !o.tenant.empty()) return s.bad("key", "and tenant exclude each other");
-  if (!o.user.empty() && o.tenant.empty()) return s.bad("user", "needs tenant");
   if (s.has("rate")) {
     auto rate = s.positive_number("rate", max_rate);
     if (!rate) return rate.error();

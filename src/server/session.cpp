@@ -169,7 +169,10 @@ void session::handle_check() {
     return reply_error({415, "unsupported_media_type", "POST /v1/check needs Content-Type: application/json"});
   }
   snap_ = svc_.current_for(worker_);
-  auto parsed = parse_check_body(req_.body(), snap_->cfg);
+  auto parsed = parse_check_body(req_.body(), snap_->cfg,
+                                 [snap = snap_.get()](const check_item& item) -> const prepared_rule& {
+                                   return snap->prepared_for(item);
+                                 });
   if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
   batch_ = std::move(std::get<check_batch>(parsed));
   results_.assign(batch_.items.size(), std::nullopt);
@@ -177,18 +180,14 @@ void session::handle_check() {
   clear_deadline();       // the backend has its own timeout
   outstanding_ = 1;       // held until every check is issued, so an inline completion cannot finish early
   for (std::size_t i = 0; i < batch_.items.size(); ++i) {
-    check_item& item = batch_.items[i];
+    const check_item& item = batch_.items[i];  // its rule and prepared rule: an override's, if any
     if (item.error) continue;
-    // An override of this key, tenant or user: its limits decide, and its figures are rendered.
-    const prepared_rule& prepared = snap_->prepared_for(item);
-    item.rule = &prepared.definition();
     if (!snap_->cfg.enabled) {
       results_[i] = disabled_decision(*item.rule);
       continue;
     }
     ++outstanding_;
-    check_request req = item.request();
-    req.prepared = &prepared;
+    const check_request req = item.request();
     svc_.backend().async_check(req, [self = shared_from_this(), i](result<decision> r) {
       // Inline completions (memory backend) run here and now; Redis completes on its own thread
       // and is posted back to this connection's thread.

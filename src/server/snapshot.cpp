@@ -1,5 +1,8 @@
 #include "server/snapshot.hpp"
 
+#include <algorithm>
+#include <map>
+
 namespace sluice::server {
 
 std::string tenant_user_key(std::string_view tenant, std::string_view user) {
@@ -24,23 +27,6 @@ const prepared_rule& snapshot::prepared_for(const check_item& item) const {
   return *rules->rules()[i];
 }
 
-namespace {
-
-// The override's rule prepared: the previous snapshot's when unchanged, carried over when its
-// limits changed, else new.
-result<prepared_rule_ptr> prepare_override(backend& b, const rule& r, const std::string& target,
-                                           const snapshot* previous) {
-  if (previous != nullptr) {
-    if (auto it = previous->by_target.find(target); it != previous->by_target.end() && it->second->owner() == &b) {
-      if (it->second->definition() == r) return it->second;
-      return b.prepare_change(r, *it->second);
-    }
-  }
-  return b.prepare(r);
-}
-
-}  // namespace
-
 result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origins, backend& b,
                                      const snapshot* previous) {
   if (origins.empty()) origins.assign(cfg.rules.size(), rule_origin{.source = "file"});
@@ -50,23 +36,28 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
   auto s = std::make_shared<snapshot>();
   s->overrides.resize(cfg.rules.size());
   std::vector<rule_override> kept;
+  // Tenants' overrides first: a tenant's user's override starts from its tenant's limits.
+  std::stable_partition(cfg.overrides.begin(), cfg.overrides.end(), [](const rule_override& o) { return o.user.empty(); });
+  std::map<std::pair<std::size_t, std::string>, rule> tenant_rules;  // (rule index, tenant) → its rule
   for (rule_override& o : cfg.overrides) {
     const rule* base = cfg.find_rule(o.rule);
     if (base == nullptr) {
       out.rejected_overrides.push_back(o.source + ": names no rule in force: \"" + o.rule + "\"");
       continue;
     }
+    const std::size_t i = static_cast<std::size_t>(base - cfg.rules.data());
+    if (!o.user.empty()) {
+      if (auto it = tenant_rules.find({i, o.tenant}); it != tenant_rules.end()) base = &it->second;
+    }
     auto r = apply_override(*base, o);
-    std::string target = o.target();
-    result<prepared_rule_ptr> p = r ? prepare_override(b, *r, target, previous) : result<prepared_rule_ptr>(r.error());
+    result<prepared_rule_ptr> p = r ? b.prepare_override(*r, *(*rules)->rules()[i]) : result<prepared_rule_ptr>(r.error());
     if (!p) {
       out.rejected_overrides.push_back(p.error().message);
       continue;
     }
-    const std::size_t i = static_cast<std::size_t>(base - cfg.rules.data());
+    if (!o.tenant.empty() && o.user.empty()) tenant_rules.emplace(std::pair{i, o.tenant}, *r);
     std::string key = !o.key.empty() ? o.key : o.user.empty() ? o.tenant : tenant_user_key(o.tenant, o.user);
-    s->overrides[i].emplace(std::move(key), *p);
-    s->by_target.emplace(std::move(target), std::move(*p));
+    s->overrides[i].emplace(std::move(key), std::move(*p));
     kept.push_back(std::move(o));
   }
   cfg.overrides = std::move(kept);

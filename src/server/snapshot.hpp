@@ -35,12 +35,9 @@ struct snapshot {
   // tenant and by tenant_user_key(tenant, user) — dual-layer rules. Empty for most rules.
   std::vector<override_map> overrides;
   std::size_t override_count = 0;
-  // Every override's prepared rule by rule_override::target(), for the next snapshot to reuse.
-  std::unordered_map<std::string, prepared_rule_ptr> by_target;
   sluice::http::header_options headers;
 
   std::size_t index_of(const rule& r) const { return static_cast<std::size_t>(&r - cfg.rules.data()); }
-  const prepared_rule& prepared(const rule& r) const { return *rules->rules()[index_of(r)]; }
   // The prepared rule a check of `item` uses: its override's, or its rule's. One hash lookup when
   // the rule has overrides (two for a dual-layer rule), none otherwise.
   const prepared_rule& prepared_for(const check_item& item) const;
@@ -54,9 +51,11 @@ struct built_snapshot {
 };
 
 // `origins`: index-aligned with cfg.rules; empty means all from the file. `previous` (may be null):
-// its unchanged rules and overrides keep their prepared form, hence their state; those whose
-// limits alone changed keep their keys' state (backend::prepare_change). An override that does not
-// fit its rule any more (its rule gone or changed algorithm) is left out and reported.
+// its unchanged rules keep their prepared form, hence their state; those whose limits alone
+// changed keep their keys' state (backend::prepare_change). Overrides are prepared over their
+// rule's state (backend::prepare_override); a tenant's user's override starts from the tenant's.
+// An override that does not fit its rule any more (its rule gone or of another algorithm) is left
+// out and reported.
 result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origins, backend& b,
                                      const snapshot* previous);
 

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -40,7 +41,10 @@ struct api_error {
 
 /// One parsed check, or the error that makes it invalid.
 struct check_item {
-  const sluice::rule* rule = nullptr;  ///< Points into the config passed to parse_check_body.
+  /// The rule that decides: the config's, or an override's (see rule_resolver).
+  const sluice::rule* rule = nullptr;
+  /// Its prepared form, when a resolver gave one.
+  const prepared_rule* prepared = nullptr;
   std::string key;
   std::string tenant;
   std::string user;
@@ -49,7 +53,7 @@ struct check_item {
 
   /// The backend request; views into this item, which must outlive the check.
   check_request request() const noexcept {
-    return {.rule = rule, .key = key, .tenant = tenant, .user = user, .cost = cost};
+    return {.rule = rule, .key = key, .tenant = tenant, .user = user, .cost = cost, .prepared = prepared};
   }
 };
 
@@ -59,9 +63,15 @@ struct check_batch {
   std::vector<check_item> items;
 };
 
+/// Given an item whose `rule` is the config's and whose keys are read, the prepared rule that
+/// decides it (an override of its key, tenant or user, or the rule's own).
+using rule_resolver = std::function<const prepared_rule&(const check_item&)>;
+
 /// Parses a POST /v1/check body against the rules of `cfg`. A single check with any problem is an
 /// api_error (400 invalid_request, 404 unknown_rule); in a batch each bad item carries its own error.
-std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg);
+/// With `resolve`, each item's rule is the one it returns, and the cost is checked against it.
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg,
+                                                      const rule_resolver& resolve = {});
 
 /// `{"allowed":...,"rule":...,"limit":...,"remaining":...,"retry_after_ms":...,"reset_after_ms":...}`
 /// plus "layers" and "rejected_by" for dual-layer rules and "source" when not decided by the limiter.
@@ -92,9 +102,10 @@ struct rule_source_status {
 };
 
 /// GET /v1/rules: `{"version":...,"rules":[{"name":...,"algorithm":...,<parameters>,"source":...}],
-/// "sources":[...]}`; `origins` is index-aligned with `rules`.
+/// "overrides":N,"sources":[...]}`; `origins` is index-aligned with `rules`.
 std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
-                         std::uint64_t version, const std::vector<rule_source_status>& sources);
+                         std::size_t override_count, std::uint64_t version,
+                         const std::vector<rule_source_status>& sources);
 
 /// Milliseconds, rounded up; `never` gives one day.
 std::int64_t ceil_milliseconds(nanoseconds d) noexcept;

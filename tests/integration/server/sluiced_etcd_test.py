@@ -12,7 +12,7 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sluiced_harness import EtcdServer, Sluiced, free_port, wait_for  # noqa: E402
+from sluiced_harness import EtcdServer, RedisServer, Sluiced, wait_for  # noqa: E402
 
 FILE_RULES = """
 [server]
@@ -143,10 +143,11 @@ class EtcdRules(unittest.TestCase):
         self.etcd.put("/sluice/rules/load", json.dumps({"algorithm": "token_bucket", "rate": 1000000, "burst": 1000000}))
         wait_for(lambda: rule_named(s, "load") is not None, what="rule load")
         statuses, stop = [], threading.Event()
+        loader = s.client()
 
         def load():
             while not stop.is_set() and len(statuses) < 20000:
-                statuses.append(s.check(rule="load", key="k").status)
+                statuses.append(loader.check(rule="load", key="k").status)
 
         t = threading.Thread(target=load)
         t.start()
@@ -165,7 +166,10 @@ class EtcdRules(unittest.TestCase):
         self.assertEqual(rule_named(s, "load")["source"], "etcd", "the last good set stayed in force")
 
     def test_flood_of_puts(self):
-        s = self.start()
+        # ASan keeps freed memory in quarantine; without it, RSS shows what sluiced really holds.
+        env = dict(os.environ, ASAN_OPTIONS="quarantine_size_mb=0:" + os.environ.get("ASAN_OPTIONS", ""))
+        s = Sluiced(etcd_config(self.etcd.endpoint), env=env)
+        self.addCleanup(s.close)
         conn = http.client.HTTPConnection("127.0.0.1", self.etcd.port, timeout=10)
 
         def put(key, value):
@@ -207,6 +211,90 @@ class EtcdTls(unittest.TestCase):
                                 (etcd.ca, etcd.cert, etcd.key)))
         self.addCleanup(s.close)
         wait_for(lambda: limit_of(s, "api") == 12, what="rules over TLS")
+
+
+OVERRIDE_RULES = """
+[server]
+watch_interval_ms = 0
+
+[[rules]]
+name = "api"
+algorithm = "token_bucket"
+rate = 0.001
+burst = 2
+
+[[rules]]
+name = "tenant_api"
+algorithm = "fixed_window"
+window = "1h"
+tenant_limit = 3
+user_limit = 1
+
+[[rules]]
+name = "quota"
+algorithm = "fixed_window"
+window = "1h"
+limit = 2
+
+[[overrides]]
+rule = "quota"
+key = "vip"
+limit = 5
+"""
+
+
+class Overrides(unittest.TestCase):
+    """Per key, per tenant and per tenant's user, from the file and from etcd, on each backend."""
+
+    def run_overrides(self, backend_toml):
+        etcd = EtcdServer()
+        self.addCleanup(etcd.close)
+        s = Sluiced(OVERRIDE_RULES + backend_toml + '\n[etcd]\nendpoints = ["%s"]\n' % etcd.endpoint)
+        self.addCleanup(s.close)
+        wait_for(lambda: rules_of(s)["sources"][1]["connected"], what="etcd connected")
+        self.assertEqual(rules_of(s)["overrides"], 1)
+        # The file's override: its figures and headers show its limit.
+        r = s.check(rule="quota", key="vip")
+        self.assertEqual((r.status, r.json()["limit"], r.headers["x-ratelimit-limit"]), (200, 5, "5"))
+        self.assertEqual(s.check(rule="quota", key="vip").json()["remaining"], 3)
+        self.assertEqual(s.check(rule="quota", key="other").json()["limit"], 2)
+        # etcd: one key of a token bucket.
+        etcd.put("/sluice/overrides/u42", json.dumps({"rule": "api", "key": "user:42", "rate": 1, "burst": 10}))
+        wait_for(lambda: rules_of(s)["overrides"] == 2, what="the key's override")
+        self.assertEqual(s.check(rule="api", key="user:42", cost=10).status, 200)
+        self.assertEqual(s.check(rule="api", key="user:41", cost=3).status, 400, "others keep burst 2")
+        # etcd: a tenant, then one of its users.
+        etcd.put("/sluice/overrides/acme", json.dumps({"rule": "tenant_api", "tenant": "acme", "tenant_limit": 100,
+                                                       "user_limit": 2}))
+        etcd.put("/sluice/overrides/acme-carol", json.dumps({"rule": "tenant_api", "tenant": "acme", "user": "carol",
+                                                             "user_limit": 4}))
+        wait_for(lambda: rules_of(s)["overrides"] == 4, what="the tenant's overrides")
+        self.assertEqual([s.check(rule="tenant_api", tenant="acme", user="bob").status for _ in range(3)], [200, 200, 429])
+        self.assertEqual(s.check(rule="tenant_api", tenant="acme", user="bob").json()["rejected_by"], "user")
+        self.assertEqual([s.check(rule="tenant_api", tenant="acme", user="carol").status for _ in range(5)],
+                         [200, 200, 200, 200, 429])
+        self.assertEqual([s.check(rule="tenant_api", tenant="other", user="bob").status for _ in range(2)], [200, 429])
+        # An etcd override of the file's target replaces it, keeping what the key used.
+        etcd.put("/sluice/overrides/vip", json.dumps({"rule": "quota", "key": "vip", "limit": 6}))
+        wait_for(lambda: s.check(rule="quota", key="other2").status == 200 and
+                 rule_named(s, "quota") is not None and rules_of(s)["overrides"] == 4 and
+                 s.request("GET", "/v1/rules").json()["version"] >= 5, what="the replacing override")
+        r = s.check(rule="quota", key="vip")
+        self.assertEqual((r.json()["limit"], r.json()["remaining"]), (6, 3), "a raised limit keeps what was used")
+        # A bad override is rejected alone; a deleted one gives the rule's limits back.
+        etcd.put("/sluice/overrides/bad", json.dumps({"rule": "quota", "key": "x", "rate": 5}))
+        wait_for(lambda: metric(s, 'sluice_config_errors_total{source="etcd"}') == 1, what="the bad override counted")
+        etcd.delete("/sluice/overrides/u42")
+        wait_for(lambda: rules_of(s)["overrides"] == 3, what="the override deleted")
+        self.assertEqual(s.check(rule="api", key="user:42").json()["limit"], 2)
+
+    def test_memory_backend(self):
+        self.run_overrides("")
+
+    def test_redis_backend(self):
+        redis = RedisServer()
+        self.addCleanup(redis.close)
+        self.run_overrides('\n[backend]\ntype = "redis"\naddresses = ["127.0.0.1:%d"]\n' % redis.port)
 
 
 def rss_kib(pid):

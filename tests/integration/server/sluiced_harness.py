@@ -4,6 +4,7 @@ Each process is started on 127.0.0.1 with port 0 (sluiced) or a free port (redis
 temporary directory, and is ended by its PID only.
 """
 
+import copy
 import http.client
 import json
 import os
@@ -108,6 +109,12 @@ class Sluiced:
 
     def check(self, **fields):
         return self.request("POST", "/v1/check", fields)
+
+    def client(self):
+        """A second connection to this sluiced, for another thread (request() is not thread-safe)."""
+        other = copy.copy(self)
+        other.conn = None
+        return other
 
     def stop_conn(self):
         """Closes the harness's own keep-alive connection."""

@@ -413,5 +413,53 @@ TEST(Config, RuleFromJson) {
   EXPECT_NE(bad.error().message.find("burst"), std::string::npos) << bad.error().message;
 }
 
+// [[overrides]]: one key's, tenant's or tenant's user's own limits, checked against the rule.
+TEST(Config, Overrides) {
+  const std::string rules =
+      "[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 5\nburst = 10\n"
+      "[[rules]]\nname = \"tenant_api\"\nalgorithm = \"sliding_window\"\nwindow = \"60s\"\ntenant_limit = 100\nuser_limit = 10\n"
+      "[[rules]]\nname = \"quota\"\nalgorithm = \"fixed_window\"\nwindow = \"1h\"\nlimit = 3\n";
+  auto c = parse_config(rules +
+                            "[[overrides]]\nrule = \"api\"\nkey = \"user:42\"\nrate = 50\nburst = 100\n"
+                            "[[overrides]]\nrule = \"tenant_api\"\ntenant = \"acme\"\ntenant_limit = 1000\n"
+                            "[[overrides]]\nrule = \"tenant_api\"\ntenant = \"acme\"\nuser = \"bob\"\nuser_limit = 50\n"
+                            "[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 30\n",
+                        "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->overrides.size(), 4u);
+  auto api = apply_override(*c->find_rule("api"), c->overrides[0]);
+  ASSERT_TRUE(api.ok()) << api.error().message;
+  EXPECT_EQ(api->limit.burst, 100);
+  EXPECT_DOUBLE_EQ(api->limit.rate.per_second, 50);
+  auto acme = apply_override(*c->find_rule("tenant_api"), c->overrides[1]);
+  ASSERT_TRUE(acme.ok());
+  EXPECT_EQ(acme->tenant->limit, 1000);
+  EXPECT_EQ(acme->limit.limit, 10) << "the user layer is not overridden";
+  auto bob = apply_override(*c->find_rule("tenant_api"), c->overrides[2]);
+  ASSERT_TRUE(bob.ok());
+  EXPECT_EQ(bob->tenant->limit, 100);
+  EXPECT_EQ(bob->limit.limit, 50);
+  for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
+           {"[[overrides]]\nrule = \"nope\"\nkey = \"k\"\nlimit = 1\n", "names no rule"},
+           {"[[overrides]]\nrule = \"api\"\nkey = \"k\"\nlimit = 1\n", "limit does not apply"},
+           {"[[overrides]]\nrule = \"api\"\ntenant = \"t\"\nrate = 1\n", "single-layer"},
+           {"[[overrides]]\nrule = \"tenant_api\"\nkey = \"k\"\nuser_limit = 1\n", "dual-layer"},
+           {"[[overrides]]\nrule = \"tenant_api\"\ntenant = \"t\"\nuser = \"u\"\ntenant_limit = 1\n", "tenant_limit does not apply"},
+           {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\n", "missing 'a limit'"},
+           {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 0\n", "limit must be between"},
+           {"[[overrides]]\nrule = \"quota\"\nkey = \"\"\nlimit = 2\n", "key must not be empty"},
+           {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 2\n[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 3\n",
+            "a second override of the same key"},
+           {"[[overrides]]\nrule = \"quota\"\nuser = \"u\"\nlimit = 2\n", "user needs tenant"}}) {
+    auto r = parse_config(rules + bad, "t.toml");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  }
+  auto json = parse_override_json(R"({"rule":"api","key":"user:42","rate":50,"burst":100})", "etcd /sluice/overrides/x");
+  ASSERT_TRUE(json.ok()) << json.error().message;
+  EXPECT_EQ(json->target(), c->overrides[0].target());
+  EXPECT_FALSE(parse_override_json(R"({"rule":"api","key":"k","burst":[1]})", "e").ok());
+}
+
 }  // namespace
 }  // namespace sluice
