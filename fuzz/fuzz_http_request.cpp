@@ -19,6 +19,7 @@
 
 namespace {
 
+namespace asio = boost::asio;
 namespace bhttp = boost::beast::http;
 
 // The fuzz input as a socket that hands out at most `step` bytes a read, as TCP segments do.
@@ -29,10 +30,10 @@ struct input_stream {
   template <class Buffers>
   std::size_t read_some(const Buffers& buffers, boost::system::error_code& ec) {
     if (data.empty()) {
-      ec = boost::asio::error::eof;
+      ec = asio::error::eof;
       return 0;
     }
-    const std::size_t n = boost::asio::buffer_copy(buffers, boost::asio::buffer(data.data(), std::min(step, data.size())));
+    const std::size_t n = asio::buffer_copy(buffers, asio::buffer(data.data(), std::min(step, data.size())));
     data.remove_prefix(n);
     ec = {};
     return n;
