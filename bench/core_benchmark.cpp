@@ -58,7 +58,8 @@ void BM_TokenBucket_Refused(benchmark::State& state) {
 BENCHMARK(BM_TokenBucket_Refused);
 
 // Two threads on one bucket: every check is a contended compare-and-swap.
-sluice::token_bucket shared_bucket = sluice::token_bucket::create({.rate = sluice::per_second(1e9), .burst = 1'000'000}).value();
+sluice::token_bucket shared_bucket =
+    sluice::token_bucket::create({.rate = sluice::per_second(1e9), .burst = 1'000'000}).value();
 void BM_TokenBucket_TwoThreadsOneBucket(benchmark::State& state) {
   time_point now = t0;
   for (auto _ : state) {
@@ -76,14 +77,16 @@ BENCHMARK(BM_TokenBucket_TryAcquireSteadyClock);
 
 void BM_TokenBucket_TryAcquireCoarseClock(benchmark::State& state) {
   auto b = sluice::token_bucket::create(
-      {.rate = sluice::per_second(1e9), .burst = 1'000'000, .clock = &sluice::coarse_clock()}).value();
+               {.rate = sluice::per_second(1e9), .burst = 1'000'000, .clock = &sluice::coarse_clock()})
+               .value();
   for (auto _ : state) benchmark::DoNotOptimize(b.try_acquire(1));
 }
 BENCHMARK(BM_TokenBucket_TryAcquireCoarseClock);
 
 // A fast limiter that grants the wrong rate has failed: two threads hammer a 200,000/s bucket on
 // the real clock; effective_rate must match configured_rate (plus the initial burst of 100).
-sluice::token_bucket rate_bucket = sluice::token_bucket::create({.rate = sluice::per_second(200'000), .burst = 100}).value();
+sluice::token_bucket rate_bucket =
+    sluice::token_bucket::create({.rate = sluice::per_second(200'000), .burst = 100}).value();
 void BM_TokenBucket_EffectiveRate(benchmark::State& state) {
   const auto start = std::chrono::steady_clock::now();
   std::int64_t admitted = 0;
@@ -101,8 +104,9 @@ BENCHMARK(BM_TokenBucket_EffectiveRate)->Threads(2)->UseRealTime()->MinTime(1.0)
 // service has it fresh from the request, rather than read from a 32 MB array of strings.
 void BM_KeyedTokenBucket_RandomKeys(benchmark::State& state) {
   const auto n = static_cast<std::uint32_t>(state.range(0));
-  auto k = sluice::keyed_limiter::create({.policy = sluice::token_bucket_policy(sluice::per_second(1), 1'000'000),
-                                          .max_keys = n}).value();
+  auto k = sluice::keyed_limiter::create(
+               {.policy = sluice::token_bucket_policy(sluice::per_second(1), 1'000'000), .max_keys = n})
+               .value();
   char key[32] = "user:";
   auto format = [&](std::uint32_t id) {
     char* end = std::to_chars(key + 5, key + sizeof key, id).ptr;
@@ -140,7 +144,8 @@ BENCHMARK(BM_FixedWindow_TryAcquire);
 
 void BM_DualLayer_TryAcquire(benchmark::State& state) {
   auto d = sluice::dual_layer::create({.tenant = sluice::sliding_window_counter_policy(1000, 1s),
-                                       .user = sluice::token_bucket_policy(sluice::per_second(1000), 10)}).value();
+                                       .user = sluice::token_bucket_policy(sluice::per_second(1000), 10)})
+               .value();
   time_point now = t0;
   for (auto _ : state) {
     now += 1ms;

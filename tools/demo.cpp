@@ -45,10 +45,11 @@ int main() {
       last = bucket->try_acquire(clock.now(), 1).value();
       (last.allowed ? admitted : refused)++;
     }
-    std::printf("%-34s %9lld %8d %9d %10lld %14lld\n", s.what,
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - start).count()),
-                admitted, refused, static_cast<long long>(last.remaining),
-                static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(last.retry_after).count()));
+    std::printf(
+        "%-34s %9lld %8d %9d %10lld %14lld\n", s.what,
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - start).count()),
+        admitted, refused, static_cast<long long>(last.remaining),
+        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(last.retry_after).count()));
   }
 
   // The 2N pitfall: r = N/60 s, b = N admits about 2N in 60 s; a sliding window log admits N.
@@ -63,6 +64,7 @@ int main() {
     c2.advance(100ms);
   }
   std::printf("\n2N pitfall, N=%d per 60 s, 600 requests in 60 s:\n", n);
-  std::printf("  token bucket r=N/60s b=N admitted %d\n  sliding window log      admitted %d\n", tb_admitted, log_admitted);
+  std::printf("  token bucket r=N/60s b=N admitted %d\n  sliding window log      admitted %d\n", tb_admitted,
+              log_admitted);
   return 0;
 }

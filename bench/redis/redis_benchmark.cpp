@@ -144,10 +144,14 @@ int main(int argc, char** argv) {
   }
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string_view a = argv[i];
-    if (a == "--address") o.address = argv[i + 1];
-    else if (a == "--inflight") o.inflight = std::atoi(argv[i + 1]);
-    else if (a == "--keys") o.keys = std::atoi(argv[i + 1]);
-    else if (a == "--checks") o.checks = std::atol(argv[i + 1]);
+    if (a == "--address")
+      o.address = argv[i + 1];
+    else if (a == "--inflight")
+      o.inflight = std::atoi(argv[i + 1]);
+    else if (a == "--keys")
+      o.keys = std::atoi(argv[i + 1]);
+    else if (a == "--checks")
+      o.checks = std::atol(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -184,7 +188,8 @@ int main(int argc, char** argv) {
       {.name = "swl", .limit = sluice::sliding_window_policy(100, 60s)},
       {.name = "swc", .limit = sluice::sliding_window_counter_policy(100, 60s)},
       {.name = "fw", .limit = sluice::fixed_window_policy(100, 60s)},
-      {.name = "dual", .limit = sluice::sliding_window_policy(100, 60s),
+      {.name = "dual",
+       .limit = sluice::sliding_window_policy(100, 60s),
        .tenant = sluice::sliding_window_policy(1'000'000, 60s)},
   };
   const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
@@ -200,8 +205,8 @@ int main(int argc, char** argv) {
     simple(admin, "CONFIG RESETSTAT");
     run_result res = drive(**backend, r, keys, tenants, o.checks, o.inflight);
     const double usec = evalsha_usec_per_call(admin);
-    std::printf("%-24s %12.0f %10.0f %10.0f %14.2f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
-                res.p99_us, usec, static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
+    std::printf("%-24s %12.0f %10.0f %10.0f %14.2f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us, res.p99_us,
+                usec, static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
     std::fflush(stdout);
   }
   redisFree(admin);

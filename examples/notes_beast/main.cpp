@@ -158,8 +158,11 @@ struct app {
       json rules = json::array();
       if (mw) {
         for (const auto& c : mw->counters()) {
-          rules.push_back({{"rule", c.rule}, {"admitted", c.admitted}, {"refused", c.refused},
-                           {"backend_errors", c.backend_errors}, {"invalid", c.invalid}});
+          rules.push_back({{"rule", c.rule},
+                           {"admitted", c.admitted},
+                           {"refused", c.refused},
+                           {"backend_errors", c.backend_errors},
+                           {"invalid", c.invalid}});
         }
       }
       return reply(req, bhttp::status::ok, json{{"rules", rules}}.dump());
@@ -168,7 +171,8 @@ struct app {
       json body = json::parse(req.body(), nullptr, false);
       if (!body.is_object() || !body.contains("tenant") || !body.contains("user") || !body["tenant"].is_string() ||
           !body["user"].is_string() || body["tenant"].get_ref<const std::string&>().empty() ||
-          body["user"].get_ref<const std::string&>().empty() || body["tenant"].get_ref<const std::string&>().size() > 128 ||
+          body["user"].get_ref<const std::string&>().empty() ||
+          body["tenant"].get_ref<const std::string&>().size() > 128 ||
           body["user"].get_ref<const std::string&>().size() > 128) {
         return error_reply(req, bhttp::status::bad_request, "bad_request",
                            "expected {\"tenant\": \"...\", \"user\": \"...\"} (1 to 128 bytes each)");
@@ -180,11 +184,13 @@ struct app {
     bool is_notes = path == "/notes";
     bool is_export = path == "/export";
     bool is_tenant = path == "/tenant" || path.starts_with("/tenant/");
-    if (!is_notes && !is_export && !is_tenant) return error_reply(req, bhttp::status::not_found, "not_found", "no such route");
+    if (!is_notes && !is_export && !is_tenant)
+      return error_reply(req, bhttp::status::not_found, "not_found", "no such route");
 
     auto who = authenticate(store, req);
     if (!who) return error_reply(req, bhttp::status::unauthorized, "unauthorized", "log in first: POST /login");
-    if (is_notes && method == bhttp::verb::get) return reply(req, bhttp::status::ok, json{{"notes", store.of_user(*who)}}.dump());
+    if (is_notes && method == bhttp::verb::get)
+      return reply(req, bhttp::status::ok, json{{"notes", store.of_user(*who)}}.dump());
     if (is_notes && method == bhttp::verb::post) {
       store.add(*who, req.body());
       return reply(req, bhttp::status::created, R"({"stored": true})");
@@ -193,7 +199,8 @@ struct app {
       return reply(req, bhttp::status::ok, json{{"user", who->user}, {"notes", store.of_user(*who)}}.dump());
     }
     if (is_tenant && method == bhttp::verb::get) {
-      return reply(req, bhttp::status::ok, json{{"tenant", who->tenant}, {"notes", store.of_tenant(who->tenant)}}.dump());
+      return reply(req, bhttp::status::ok,
+                   json{{"tenant", who->tenant}, {"notes", store.of_tenant(who->tenant)}}.dump());
     }
     if (is_tenant && method == bhttp::verb::post) {
       store.add(*who, req.body());
@@ -296,7 +303,8 @@ int main(int argc, char** argv) {
       auto colon = hp.rfind(':');
       if (colon == std::string::npos) return usage("--listen needs HOST:PORT");
       s.host = hp.substr(0, colon);
-      if (s.host.size() > 2 && s.host.front() == '[' && s.host.back() == ']') s.host = s.host.substr(1, s.host.size() - 2);
+      if (s.host.size() > 2 && s.host.front() == '[' && s.host.back() == ']')
+        s.host = s.host.substr(1, s.host.size() - 2);
       try {
         int p = std::stoi(hp.substr(colon + 1));
         if (p < 0 || p > 65535) return usage("port out of range");
@@ -375,9 +383,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto bound = acceptor.local_endpoint();
-  std::cout << "listening on http://" << (bound.address().is_v6() ? "[" + bound.address().to_string() + "]"
-                                                                    : bound.address().to_string())
-            << ":" << bound.port() << std::endl;
+  std::cout << "listening on http://"
+            << (bound.address().is_v6() ? "[" + bound.address().to_string() + "]" : bound.address().to_string()) << ":"
+            << bound.port() << std::endl;
 
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code&, int) { io.stop(); });

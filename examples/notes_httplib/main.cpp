@@ -58,11 +58,12 @@ int main(int argc, char** argv) {
 
   httplib::Server server;
   if (limit) {
-    sluice::http::httplib::limiter limiter(*mw, [](const httplib::Request& req) -> std::optional<sluice::http::identity> {
-      std::string user = req.get_header_value("X-User");
-      if (user.empty()) return std::nullopt;
-      return sluice::http::identity{.user = user};
-    });
+    sluice::http::httplib::limiter limiter(*mw,
+                                           [](const httplib::Request& req) -> std::optional<sluice::http::identity> {
+                                             std::string user = req.get_header_value("X-User");
+                                             if (user.empty()) return std::nullopt;
+                                             return sluice::http::identity{.user = user};
+                                           });
     limiter.install(server);
   }
   server.Get("/notes", [](const httplib::Request& req, httplib::Response& res) {
@@ -79,13 +80,15 @@ int main(int argc, char** argv) {
   server.Get("/public", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(R"({"message": "hello"})", "application/json");
   });
-  server.Get("/healthz", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
+  server.Get("/healthz",
+             [](const httplib::Request&, httplib::Response& res) { res.set_content("ok\n", "text/plain"); });
   server.Get("/stats", [m = *mw](const httplib::Request&, httplib::Response& res) {
     std::string body = "{\"rules\": [";
     for (const auto& c : m->counters()) {
       if (body.back() != '[') body += ", ";
       body += "{\"rule\": \"" + c.rule + "\", \"admitted\": " + std::to_string(c.admitted) +
-              ", \"refused\": " + std::to_string(c.refused) + ", \"backend_errors\": " + std::to_string(c.backend_errors) +
+              ", \"refused\": " + std::to_string(c.refused) +
+              ", \"backend_errors\": " + std::to_string(c.backend_errors) +
               ", \"invalid\": " + std::to_string(c.invalid) + "}";
     }
     res.set_content(body + "]}", "application/json");

@@ -28,9 +28,9 @@ namespace sluice {
 class dual_layer {
  public:
   struct options {
-    policy tenant;                          ///< The tenant layer. Any algorithm.
-    policy user;                            ///< The user layer. Any algorithm.
-    sluice::clock* clock = &real_clock();   ///< Default: real_clock().
+    policy tenant;                         ///< The tenant layer. Any algorithm.
+    policy user;                           ///< The user layer. Any algorithm.
+    sluice::clock* clock = &real_clock();  ///< Default: real_clock().
   };
 
   static result<dual_layer> create(const options& o);

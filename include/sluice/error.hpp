@@ -27,20 +27,20 @@ namespace sluice {
 
 /// Error conditions of sluice. Values are stable: they appear in logs and metrics.
 enum class errc {
-  invalid_argument = 1,   ///< A parameter or option is out of its documented range; the message names it.
-                          ///< Every library factory and check uses it for a bad input.
-  cost_exceeds_burst,     ///< The cost can never be admitted: it is larger than the limiter's capacity.
-  key_too_long,           ///< A key or id is longer than `max_key_length`.
-  capacity_exhausted,     ///< A keyed limiter is at its key cap and no entry could be evicted.
-  deadline_exceeded,      ///< A wait could not complete before its deadline.
-  cancelled,              ///< A wait was cancelled through its stop token.
-  unknown_rule,           ///< No rule with that name.
-  backend_unavailable,    ///< The backend cannot be reached (connection refused, closed, circuit open).
-  backend_timeout,        ///< The backend did not answer within the command timeout.
-  backend_protocol,       ///< The backend answered something that is not a valid reply.
-  backend_overloaded,     ///< Too many checks are already waiting on the backend.
-  config_invalid,         ///< sluiced's configuration (a file, or what is made from it) is invalid; the
-                          ///< message says where.
+  invalid_argument = 1,  ///< A parameter or option is out of its documented range; the message names it.
+                         ///< Every library factory and check uses it for a bad input.
+  cost_exceeds_burst,    ///< The cost can never be admitted: it is larger than the limiter's capacity.
+  key_too_long,          ///< A key or id is longer than `max_key_length`.
+  capacity_exhausted,    ///< A keyed limiter is at its key cap and no entry could be evicted.
+  deadline_exceeded,     ///< A wait could not complete before its deadline.
+  cancelled,             ///< A wait was cancelled through its stop token.
+  unknown_rule,          ///< No rule with that name.
+  backend_unavailable,   ///< The backend cannot be reached (connection refused, closed, circuit open).
+  backend_timeout,       ///< The backend did not answer within the command timeout.
+  backend_protocol,      ///< The backend answered something that is not a valid reply.
+  backend_overloaded,    ///< Too many checks are already waiting on the backend.
+  config_invalid,        ///< sluiced's configuration (a file, or what is made from it) is invalid; the
+                         ///< message says where.
 };
 
 /// Sets of errc that callers branch on, as std::error_condition (Beast's `condition` does the same
@@ -63,9 +63,7 @@ namespace sluice {
 /// The category of `errc`; its name is "sluice".
 const std::error_category& error_category() noexcept;
 
-inline std::error_code make_error_code(errc e) noexcept {
-  return {static_cast<int>(e), error_category()};
-}
+inline std::error_code make_error_code(errc e) noexcept { return {static_cast<int>(e), error_category()}; }
 
 /// The category of `condition`; its name is "sluice-condition".
 const std::error_category& condition_category() noexcept;
@@ -102,7 +100,7 @@ namespace detail {
 template <class T>
 class [[nodiscard]] result {
  public:
-  result(T value) : v_(std::in_place_index<0>, std::move(value)) {}  // NOLINT: implicit by design
+  result(T value) : v_(std::in_place_index<0>, std::move(value)) {}      // NOLINT: implicit by design
   result(sluice::error e) : v_(std::in_place_index<1>, std::move(e)) {}  // NOLINT
   result(errc e, std::string message) : v_(std::in_place_index<1>, e, std::move(message)) {}
   result(std::error_code e, std::string message) : v_(std::in_place_index<1>, e, std::move(message)) {}
@@ -122,19 +120,22 @@ class [[nodiscard]] result {
   /// The error. Precondition: !ok() (else the process aborts).
   const sluice::error& error() const& noexcept {
     const sluice::error* e = std::get_if<1>(&v_);
-    if (e == nullptr) [[unlikely]] detail::result_error_of_value();
+    if (e == nullptr) [[unlikely]]
+      detail::result_error_of_value();
     return *e;
   }
 
  private:
   T* checked_value() noexcept {
     T* v = std::get_if<0>(&v_);
-    if (v == nullptr) [[unlikely]] detail::result_value_of_error(*std::get_if<1>(&v_));
+    if (v == nullptr) [[unlikely]]
+      detail::result_value_of_error(*std::get_if<1>(&v_));
     return v;
   }
   const T* checked_value() const noexcept {
     const T* v = std::get_if<0>(&v_);
-    if (v == nullptr) [[unlikely]] detail::result_value_of_error(*std::get_if<1>(&v_));
+    if (v == nullptr) [[unlikely]]
+      detail::result_value_of_error(*std::get_if<1>(&v_));
     return v;
   }
 

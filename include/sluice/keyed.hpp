@@ -41,9 +41,9 @@ struct key_cap_stats {
 class keyed_limiter {
  public:
   struct options {
-    sluice::policy policy;                  ///< The limit every key gets. Required.
-    std::size_t max_keys = 1'000'000;       ///< Hard cap on entries; >= 1. Default: 1,000,000.
-    sluice::clock* clock = &real_clock();   ///< Read by the overloads without `now`. Default: real_clock().
+    sluice::policy policy;                           ///< The limit every key gets. Required.
+    std::size_t max_keys = 1'000'000;                ///< Hard cap on entries; >= 1. Default: 1,000,000.
+    sluice::clock* clock = &real_clock();            ///< Read by the overloads without `now`. Default: real_clock().
     sluice::when_full when_full = when_full::evict;  ///< At the cap with nothing idle. Default: evict.
   };
 

@@ -22,8 +22,8 @@ namespace sluice {
 
 struct compiled_policy {
   sluice::algorithm algorithm = algorithm::token_bucket;
-  gcra_params gcra;        ///< token_bucket only
-  window_params window;    ///< window algorithms only
+  gcra_params gcra;      ///< token_bucket only
+  window_params window;  ///< window algorithms only
 
   /// Precondition: validate(p) succeeded.
   static compiled_policy from(const policy& p) noexcept;

@@ -58,15 +58,13 @@ std::optional<algorithm> algorithm_from_string(std::string_view s) noexcept;
 /// One limiter's parameters. Token bucket uses `rate` and `burst`; the windows use `limit` and `window`.
 struct policy {
   sluice::algorithm algorithm = algorithm::token_bucket;
-  sluice::rate rate{};         ///< Token bucket: refill rate. >= 0. Default: 0.
-  std::int64_t burst = 0;      ///< Token bucket: capacity. >= 0. Default: 0.
-  std::int64_t limit = 0;      ///< Windows: admissions per window. > 0. Default: 0.
-  nanoseconds window{0};       ///< Windows: length. > 0. Default: 0.
+  sluice::rate rate{};     ///< Token bucket: refill rate. >= 0. Default: 0.
+  std::int64_t burst = 0;  ///< Token bucket: capacity. >= 0. Default: 0.
+  std::int64_t limit = 0;  ///< Windows: admissions per window. > 0. Default: 0.
+  nanoseconds window{0};   ///< Windows: length. > 0. Default: 0.
 
   /// The capacity a decision reports as `limit`: burst, or limit.
-  std::int64_t capacity() const noexcept {
-    return algorithm == algorithm::token_bucket ? burst : limit;
-  }
+  std::int64_t capacity() const noexcept { return algorithm == algorithm::token_bucket ? burst : limit; }
   friend bool operator==(const policy&, const policy&) = default;
 };
 

@@ -31,7 +31,7 @@ namespace sluice {
 class rule_set {
  public:
   struct origin {
-    std::string source;      ///< Where the rules came from ("sluice.toml", "etcd"), for logs.
+    std::string source;  ///< Where the rules came from ("sluice.toml", "etcd"), for logs.
   };
 
   /// Prepares `rules` (names unique) on `b`, reusing from `previous` (may be null; built on the same

@@ -46,9 +46,10 @@ struct reservation {
 class token_bucket {
  public:
   struct options {
-    sluice::rate rate{};                 ///< Refill rate; >= 0; rate::infinite() admits all. Default: 0.
-    std::int64_t burst = 0;              ///< Capacity; >= 0; 0 refuses everything. Default: 0.
-    sluice::clock* clock = &real_clock();  ///< Read by the overloads without `now` and by wait(). Default: real_clock().
+    sluice::rate rate{};     ///< Refill rate; >= 0; rate::infinite() admits all. Default: 0.
+    std::int64_t burst = 0;  ///< Capacity; >= 0; 0 refuses everything. Default: 0.
+    sluice::clock* clock =
+        &real_clock();  ///< Read by the overloads without `now` and by wait(). Default: real_clock().
   };
 
   /// Returns a full bucket, or an error naming the first invalid option.

@@ -28,9 +28,9 @@ template <class State, algorithm Algorithm>
 class window_limiter {
  public:
   struct options {
-    std::int64_t limit = 0;                 ///< Admissions per window; > 0. Default: 0 (invalid).
-    nanoseconds window{0};                  ///< Window length; > 0. Default: 0 (invalid).
-    sluice::clock* clock = &real_clock();   ///< Read by the overload without `now`. Default: real_clock().
+    std::int64_t limit = 0;                ///< Admissions per window; > 0. Default: 0 (invalid).
+    nanoseconds window{0};                 ///< Window length; > 0. Default: 0 (invalid).
+    sluice::clock* clock = &real_clock();  ///< Read by the overload without `now`. Default: real_clock().
   };
 
   /// Returns an empty limiter, or an error naming the first invalid option.
@@ -41,7 +41,8 @@ class window_limiter {
   }
 
   /// Moving is not thread-safe: move only a limiter nobody else uses.
-  window_limiter(window_limiter&& other) noexcept : params_(other.params_), state_(std::move(other.state_)), clock_(other.clock_) {}
+  window_limiter(window_limiter&& other) noexcept
+      : params_(other.params_), state_(std::move(other.state_)), clock_(other.clock_) {}
 
   /// Admits `cost` at `now` if the window has room, recording it; otherwise refuses and records
   /// nothing. Errors: cost <= 0 (invalid_argument), cost > limit (cost_exceeds_burst).
@@ -56,7 +57,8 @@ class window_limiter {
   nanoseconds window() const noexcept { return nanoseconds(params_.window_ns); }
 
  private:
-  explicit window_limiter(const options& o) : params_{.limit = o.limit, .window_ns = o.window.count()}, clock_(o.clock) {}
+  explicit window_limiter(const options& o)
+      : params_{.limit = o.limit, .window_ns = o.window.count()}, clock_(o.clock) {}
 
   const window_params params_;
   std::mutex mutex_;

@@ -11,8 +11,8 @@ decision combine_layers(const decision& tenant, const decision& user) noexcept {
   d.tenant = {tenant.limit, tenant.remaining};
   d.user = {user.limit, user.remaining};
   if (!d.allowed) d.rejected_by = tenant.allowed ? layer::user : layer::tenant;
-  d.binding = d.rejected_by != layer::none ? d.rejected_by
-                                           : (tenant.remaining < user.remaining ? layer::tenant : layer::user);
+  d.binding =
+      d.rejected_by != layer::none ? d.rejected_by : (tenant.remaining < user.remaining ? layer::tenant : layer::user);
   d.limit = d.binding == layer::tenant ? tenant.limit : user.limit;
   d.remaining = std::min(tenant.remaining, user.remaining);
   if (!d.allowed) {

@@ -28,7 +28,8 @@ dual_layer::dual_layer(dual_layer&& other) noexcept
       clock_(other.clock_) {}
 
 result<decision> dual_layer::try_acquire(time_point now, std::int64_t cost) {
-  if (auto c = validate_cost(tenant_policy_, cost); !c) return error(c.error().code, "tenant layer: " + c.error().message);
+  if (auto c = validate_cost(tenant_policy_, cost); !c)
+    return error(c.error().code, "tenant layer: " + c.error().message);
   if (auto c = validate_cost(user_policy_, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
   std::lock_guard lock(mutex_);
   return check_dual_layer(tenant_, tenant_params_, user_, user_params_, to_ns(now), cost);

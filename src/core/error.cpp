@@ -35,7 +35,8 @@ class condition_category_impl final : public std::error_category {
     return static_cast<condition>(value) == condition::backend_failure ? "backend failure" : "unknown sluice condition";
   }
   bool equivalent(const std::error_code& code, int value) const noexcept override {
-    if (code.category() != sluice::error_category() || static_cast<condition>(value) != condition::backend_failure) return false;
+    if (code.category() != sluice::error_category() || static_cast<condition>(value) != condition::backend_failure)
+      return false;
     const auto e = static_cast<errc>(code.value());
     return e == errc::backend_unavailable || e == errc::backend_timeout || e == errc::backend_protocol ||
            e == errc::backend_overloaded;

@@ -7,7 +7,7 @@ namespace sluice {
 result<host_port> parse_host_port(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return error(errc::invalid_argument, "address \"" + std::string(text.substr(0, 256)) + "\" " + std::string(why) +
-                                           " (expected host:port, IPv6 as [::1]:port)");
+                                             " (expected host:port, IPv6 as [::1]:port)");
   };
   const auto colon = text.rfind(':');
   if (colon == std::string_view::npos) return bad("has no port");

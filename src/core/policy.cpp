@@ -3,7 +3,6 @@
 #include <cmath>
 #include <string>
 
-
 namespace sluice {
 
 std::string_view to_string(algorithm a) noexcept {
@@ -68,7 +67,8 @@ result<void> validate(const rule& r) {
   if (r.name.empty()) return {errc::invalid_argument, "rule name must not be empty"};
   if (auto v = validate(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
   if (r.tenant) {
-    if (auto v = validate(*r.tenant); !v) return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
+    if (auto v = validate(*r.tenant); !v)
+      return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
   }
   return {};
 }

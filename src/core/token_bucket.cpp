@@ -11,9 +11,8 @@ gcra_params make_gcra_params(rate r, std::int64_t burst) noexcept {
   if (r.is_infinite()) return p;  // interval 0: admit everything
   std::int64_t max_interval = gcra_max_tolerance_ns / std::max<std::int64_t>(burst, 1);
   double interval = r.per_second > 0 ? 1e9 / r.per_second : INFINITY;
-  p.interval_ns = interval >= static_cast<double>(max_interval)
-                      ? max_interval
-                      : std::max<std::int64_t>(1, std::llround(interval));
+  p.interval_ns =
+      interval >= static_cast<double>(max_interval) ? max_interval : std::max<std::int64_t>(1, std::llround(interval));
   p.tolerance_ns = p.interval_ns * burst;  // <= gcra_max_tolerance_ns by the clamp above
   return p;
 }
@@ -190,7 +189,8 @@ result<reservation> token_bucket::reserve(time_point now, std::int64_t cost) noe
 // reserved after it (from its moment to x/time/rate's lastEvent), counted at the reservation's rate.
 std::int64_t restored_ns(const reservation& r, const gcra_params& p, std::int64_t last_event) noexcept {
   const std::int64_t later_ns = std::max<std::int64_t>(0, saturating::sub(last_event, to_ns(r.time_to_act)));
-  return saturating::sub(saturating::mul(r.tokens, p.interval_ns), rescale(later_ns, r.interval_ns, p.interval_ns, true));
+  return saturating::sub(saturating::mul(r.tokens, p.interval_ns),
+                         rescale(later_ns, r.interval_ns, p.interval_ns, true));
 }
 
 // The word after giving back `restore` ns at t: a bucket refilled past full is full (TAT = t).
@@ -240,7 +240,8 @@ void token_bucket::cancel_across_change(const reservation& r, time_point now) no
                                      std::memory_order_acquire)) {
       // lastEvent moves back by what was given back, as word - tolerance does once written (for
       // the latest reservation that is x/time/rate's own rule: the one before it is the latest).
-      if (!written) b.last_event.store(saturating::sub(last_event, rescale(restore, p.interval_ns, r.interval_ns)), relaxed);
+      if (!written)
+        b.last_event.store(saturating::sub(last_event, rescale(restore, p.interval_ns, r.interval_ns)), relaxed);
       return;
     }
   }

@@ -122,7 +122,8 @@ decision sliding_window_counter_state::evaluate(const window_params& p, std::int
   const std::int64_t cur_after = d.allowed ? cur + cost : cur;
   const std::int64_t to_window_end = p.window_ns - w.elapsed;
   // Full again when both windows are empty: the end of the next window if this one has admissions.
-  d.reset_after = nanoseconds(cur_after > 0 ? saturating::add(to_window_end, p.window_ns) : (prev > 0 ? to_window_end : 0));
+  d.reset_after =
+      nanoseconds(cur_after > 0 ? saturating::add(to_window_end, p.window_ns) : (prev > 0 ? to_window_end : 0));
   if (d.allowed) return d;
   if (cost <= p.limit - cur) {
     // Within this window, once the previous window's weight has fallen far enough:

@@ -72,9 +72,8 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& endpoint,
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetMaxReceiveMessageSize(max_message_bytes);
   auto hp = parse_host_port(endpoint);  // validated by create(); the target is rebuilt from its parts
-  const std::string target = hp->host.find(':') != std::string::npos
-                                 ? "[" + hp->host + "]:" + std::to_string(hp->port)
-                                 : hp->host + ":" + std::to_string(hp->port);
+  const std::string target = hp->host.find(':') != std::string::npos ? "[" + hp->host + "]:" + std::to_string(hp->port)
+                                                                     : hp->host + ":" + std::to_string(hp->port);
   return grpc::CreateCustomChannel(target, credentials, args);
 }
 
@@ -89,8 +88,8 @@ result<void> wait_connected(const std::shared_ptr<grpc::Channel>& channel, const
     if (stop.stopping()) return error(errc::cancelled, "stopping");
     const auto now = clock::now();
     if (now >= deadline) {
-      return error(errc::backend_timeout,
-                   "no connection to " + endpoint + " within dial_timeout (" + std::to_string(timeout.count()) + " ms)");
+      return error(errc::backend_timeout, "no connection to " + endpoint + " within dial_timeout (" +
+                                              std::to_string(timeout.count()) + " ms)");
     }
     // In slices, so that stopping is seen within 50 ms.
     channel->WaitForStateChange(state, std::min(deadline, now + std::chrono::milliseconds(50)));

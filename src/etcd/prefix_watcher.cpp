@@ -15,7 +15,9 @@ struct prefix_watcher::impl {
       : options(std::move(o)),
         credentials(std::move(c)),
         pub(options.prefix,
-            {.max_keys = options.max_keys, .max_value_bytes = options.max_value_bytes, .max_key_bytes = options.max_key_bytes},
+            {.max_keys = options.max_keys,
+             .max_value_bytes = options.max_value_bytes,
+             .max_key_bytes = options.max_key_bytes},
             std::move(on_update)),
         delays(options.backoff_base, options.backoff_cap) {}
 

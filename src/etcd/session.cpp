@@ -60,7 +60,8 @@ session_end session::run(bool must_read) {
     return session_end{.error = std::move(why), .worked = worked_, .must_read = must_read_};
   };
   channel_ = make_channel(endpoint_, credentials_);
-  if (auto up = wait_connected(channel_, endpoint_, options_.dial_timeout, stop_); !up) return ended(up.error().message);
+  if (auto up = wait_connected(channel_, endpoint_, options_.dial_timeout, stop_); !up)
+    return ended(up.error().message);
   kv_ = etcdserverpb::KV::NewStub(channel_);
   watch_ = etcdserverpb::Watch::NewStub(channel_);
   auth_ = etcdserverpb::Auth::NewStub(channel_);
@@ -76,8 +77,7 @@ session_end session::run(bool must_read) {
     }
     watch_end end = watch(std::move(fresh));
     switch (end.then) {
-      case watch_end::next::resume:
-        return ended(std::move(end.error));
+      case watch_end::next::resume: return ended(std::move(end.error));
       case watch_end::next::read_now:  // the revisions the watch needs are gone
         must_read_ = true;
         continue;
@@ -175,7 +175,8 @@ session::watch_end session::watch(std::optional<prefix_state> fresh) {
       }
       events.clear();
       for (const auto& e : resp.events()) {
-        events.push_back(to_change(e.kv(), e.type() == mvccpb::Event::DELETE ? change::type::erase : change::type::put));
+        events.push_back(
+            to_change(e.kv(), e.type() == mvccpb::Event::DELETE ? change::type::erase : change::type::put));
       }
       pub_.changes(events);
     }

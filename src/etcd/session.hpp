@@ -30,15 +30,15 @@ namespace sluice::etcd::detail {
 
 /// How a session ended.
 struct session_end {
-  std::string error;        ///< Why, for watch_status::last_error.
-  bool worked = false;      ///< A watch was established: the next backoff starts over.
-  bool must_read = false;   ///< The next session starts with a full read.
+  std::string error;       ///< Why, for watch_status::last_error.
+  bool worked = false;     ///< A watch was established: the next backoff starts over.
+  bool must_read = false;  ///< The next session starts with a full read.
 };
 
 class session {
  public:
-  session(const etcd_options& options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-          std::string endpoint, stopper& stop, publisher& pub);
+  session(const etcd_options& options, std::shared_ptr<grpc::ChannelCredentials> credentials, std::string endpoint,
+          stopper& stop, publisher& pub);
 
   /// Runs until the connection ends. `must_read`: start with a full read (first session, or the
   /// previous one asked for it); else resume the watch at the publisher's revision + 1.

@@ -76,7 +76,7 @@ struct wait_initiation {
 
 asio::awaitable<outcome> wait_for(std::shared_ptr<rendezvous> meet) {
   return asio::async_initiate<const asio::use_awaitable_t<>&, void(outcome)>(wait_initiation{std::move(meet)},
-                                                                               asio::use_awaitable);
+                                                                             asio::use_awaitable);
 }
 
 }  // namespace

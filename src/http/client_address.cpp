@@ -95,8 +95,10 @@ std::optional<ip_address> forwarded_for(std::string_view element) {
     for (; end < element.size(); ++end) {
       char c = element[end];
       if (quoted) {
-        if (c == '\\') ++end;
-        else if (c == '"') quoted = false;
+        if (c == '\\')
+          ++end;
+        else if (c == '"')
+          quoted = false;
       } else if (c == '"') {
         quoted = true;
       } else if (c == ';') {
@@ -219,7 +221,8 @@ result<cidr> parse_cidr(std::string_view text) {
   std::string_view t = trim(text);
   auto slash = t.find('/');
   auto a = parse_ip(t.substr(0, slash));
-  if (!a) return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' is not an address or CIDR block");
+  if (!a)
+    return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' is not an address or CIDR block");
   int max = a->is_v4() ? 32 : 128;
   int prefix = max;
   if (slash != std::string_view::npos) {
@@ -235,8 +238,8 @@ result<cidr> parse_cidr(std::string_view text) {
       prefix = prefix * 10 + (c - '0');
     }
     if (prefix > max) {
-      return error(errc::invalid_argument, "trusted proxy '" + std::string(text) + "' has a prefix longer than " +
-                                               std::to_string(max));
+      return error(errc::invalid_argument,
+                   "trusted proxy '" + std::string(text) + "' has a prefix longer than " + std::to_string(max));
     }
   }
   if (a->is_v4()) prefix += 96;

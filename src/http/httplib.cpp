@@ -32,7 +32,8 @@ limiter::limiter(std::shared_ptr<middleware> mw, identify_function identify)
   // Only the configured forwarding header, and only when some proxy is trusted at all.
   bool use_forwarded = mw_->options().client_ip_header == forwarding_header::forwarded;
   std::string forwarding;
-  if (!mw_->options().trusted_proxies.empty()) forwarding = joined(req, use_forwarded ? "Forwarded" : "X-Forwarded-For");
+  if (!mw_->options().trusted_proxies.empty())
+    forwarding = joined(req, use_forwarded ? "Forwarded" : "X-Forwarded-For");
   address_sources from{.peer = req.remote_addr};
   (use_forwarded ? from.forwarded : from.x_forwarded_for) = forwarding;
   auto pending = mw_->prepare(*route, from, who ? &*who : nullptr);
@@ -46,9 +47,8 @@ limiter::limiter(std::shared_ptr<middleware> mw, identify_function identify)
 }
 
 void limiter::install(::httplib::Server& server) const {
-  server.set_pre_routing_handler([self = *this](const ::httplib::Request& req, ::httplib::Response& res) {
-    return self(req, res);
-  });
+  server.set_pre_routing_handler(
+      [self = *this](const ::httplib::Request& req, ::httplib::Response& res) { return self(req, res); });
 }
 
 }  // namespace sluice::http::httplib

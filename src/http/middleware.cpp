@@ -115,15 +115,18 @@ result<std::shared_ptr<middleware>> middleware::create(middleware_options option
   }
   for (const auto& r : options.routes) {
     if (r.path.empty()) return error(errc::invalid_argument, "middleware: a route has an empty path");
-    bool known = std::any_of(options.rules.begin(), options.rules.end(), [&](const rule& x) { return x.name == r.rule; });
-    if (!known) return error(errc::unknown_rule, "middleware: route '" + r.path + "' names unknown rule '" + r.rule + "'");
+    bool known =
+        std::any_of(options.rules.begin(), options.rules.end(), [&](const rule& x) { return x.name == r.rule; });
+    if (!known)
+      return error(errc::unknown_rule, "middleware: route '" + r.path + "' names unknown rule '" + r.rule + "'");
     if (r.cost <= 0) return error(errc::invalid_argument, "middleware: route '" + r.path + "' has cost <= 0");
   }
   for (const auto& e : options.exempt) {
     if (e.path.empty()) return error(errc::invalid_argument, "middleware: an exempt route has an empty path");
   }
   if (options.ipv6_prefix < 1 || options.ipv6_prefix > 128) {
-    return error(errc::invalid_argument, "middleware: ipv6_prefix must be in 1..128, got " + std::to_string(options.ipv6_prefix));
+    return error(errc::invalid_argument,
+                 "middleware: ipv6_prefix must be in 1..128, got " + std::to_string(options.ipv6_prefix));
   }
   std::vector<cidr> trusted;
   for (const auto& t : options.trusted_proxies) {
@@ -142,7 +145,8 @@ middleware::middleware(private_tag, middleware_options options, std::vector<cidr
       counters_(std::make_unique<atomic_counters[]>(options_.rules.size())),
       completes_inline_(options_.backend->completes_inline()) {
   for (const auto& r : options_.routes) {
-    auto it = std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
+    auto it =
+        std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
     route_rule_.push_back(static_cast<std::size_t>(it - options_.rules.begin()));
     bool keys_on_identity = r.key == key_by::user || r.key == key_by::tenant || r.key == key_by::api_key;
     route_needs_identity_.push_back(keys_on_identity || it->is_dual_layer());
@@ -310,11 +314,13 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   const policy& binding = by_tenant ? *r.tenant : r.limit;
   std::string scope = by_tenant ? "tenant " : "";
   if (binding.algorithm == algorithm::fixed_window) {
-    o.body = refusal_body("quota_exceeded", scope + "quota exhausted; it renews in " + std::to_string(retry) + " s", retry);
+    o.body =
+        refusal_body("quota_exceeded", scope + "quota exhausted; it renews in " + std::to_string(retry) + " s", retry);
   } else if (d.source == decision_source::fail_closed) {
     o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", retry);
   } else {
-    o.body = refusal_body("too_many_requests", scope + "rate limit exceeded; retry in " + std::to_string(retry) + " s", retry);
+    o.body = refusal_body("too_many_requests", scope + "rate limit exceeded; retry in " + std::to_string(retry) + " s",
+                          retry);
   }
   return o;
 }
@@ -337,7 +343,8 @@ std::string render_prometheus(const std::vector<rule_counters>& counters) {
   prometheus::family(out, "sluice_middleware_requests_total", "counter",
                      "Requests the HTTP middleware checked, by rule and result.");
   for (const rule_counters& c : counters) {
-    const std::string prefix = "sluice_middleware_requests_total{rule=\"" + prometheus::escape_label(c.rule) + "\",result=\"";
+    const std::string prefix =
+        "sluice_middleware_requests_total{rule=\"" + prometheus::escape_label(c.rule) + "\",result=\"";
     prometheus::sample(out, prefix + "admitted\"}", c.admitted);
     prometheus::sample(out, prefix + "refused\"}", c.refused);
     prometheus::sample(out, prefix + "backend_error\"}", c.backend_errors);

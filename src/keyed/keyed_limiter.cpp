@@ -51,7 +51,8 @@ bool same_shape(const policy& a, const policy& b) {
 
 result<keyed_limiter::key_limits> keyed_limiter::limits_for(const sluice::policy& p) const {
   if (auto v = validate(p); !v) return v.error();
-  if (!same_shape(p, impl_->policy)) return {errc::invalid_argument, "key limits keep the limiter's algorithm and window"};
+  if (!same_shape(p, impl_->policy))
+    return {errc::invalid_argument, "key limits keep the limiter's algorithm and window"};
   return key_limits{p, compiled_policy::from(p)};
 }
 
@@ -62,7 +63,8 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
   const compiled_policy cp = compiled_policy::from(o.policy);
   auto make_table = [&]() -> std::shared_ptr<any_table> {
     if (o.policy.algorithm == algorithm::token_bucket) {
-      return std::make_shared<any_table>(std::in_place_type<bucket_table>, cp.gcra, o.max_keys, gcra_state{}, o.when_full);
+      return std::make_shared<any_table>(std::in_place_type<bucket_table>, cp.gcra, o.max_keys, gcra_state{},
+                                         o.when_full);
     }
     return std::make_shared<any_table>(std::in_place_type<window_table>, cp, o.max_keys, limiter_state::make(cp),
                                        o.when_full);
@@ -74,14 +76,16 @@ result<std::unique_ptr<keyed_limiter>> keyed_limiter::create(const options& o) {
 result<std::unique_ptr<keyed_limiter>> keyed_limiter::retuned(keyed_limiter& from, const sluice::policy& p,
                                                               time_point now) {
   if (auto v = validate(p); !v) return v.error();
-  if (!same_shape(p, from.impl_->policy)) return {errc::invalid_argument, "a retuned limiter keeps its algorithm and window"};
+  if (!same_shape(p, from.impl_->policy))
+    return {errc::invalid_argument, "a retuned limiter keeps its algorithm and window"};
   const compiled_policy cp = compiled_policy::from(p);
   const std::int64_t now_ns = to_ns(now);
   std::visit(
       [&](auto& table) {
         using table_type = std::decay_t<decltype(table)>;
         if constexpr (std::is_same_v<table_type, bucket_table>) {
-          table.retune(cp.gcra, [&](gcra_state& s, const gcra_params& a, const gcra_params& b) { s.retune(a, b, now_ns); });
+          table.retune(cp.gcra,
+                       [&](gcra_state& s, const gcra_params& a, const gcra_params& b) { s.retune(a, b, now_ns); });
         } else {
           table.retune(cp, [&](limiter_state& s, const compiled_policy& a, const compiled_policy& b) {
             s.retune(a, b, now_ns);
@@ -104,10 +108,9 @@ result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now
   const std::int64_t now_ns = to_ns(now);
   return std::visit(
       [&](auto& table) {
-        return table.with_entry(key, now_ns,
-                                [&](auto& state, const auto& params) {
-                                  return check_and_commit(state, params_of(params, limits), now_ns, cost);
-                                });
+        return table.with_entry(key, now_ns, [&](auto& state, const auto& params) {
+          return check_and_commit(state, params_of(params, limits), now_ns, cost);
+        });
       },
       *impl_->table);
 }
@@ -126,17 +129,18 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
   if (auto v = validate_key(user, "user"); !v) return v.error();
   const sluice::policy& tenant_policy = tenant_limits ? tenant_limits->policy : tenants.impl_->policy;
   const sluice::policy& user_policy = user_limits ? user_limits->policy : users.impl_->policy;
-  if (auto c = validate_cost(tenant_policy, cost); !c) return error(c.error().code, "tenant layer: " + c.error().message);
+  if (auto c = validate_cost(tenant_policy, cost); !c)
+    return error(c.error().code, "tenant layer: " + c.error().message);
   if (auto c = validate_cost(user_policy, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
   const std::int64_t now_ns = to_ns(now);
   const std::string user_key = pair_key(tenant, user);
   return std::visit(
       [&](auto& tenant_table, auto& user_table) {
         // Tenant first, then user: the one lock order every dual-layer check uses.
-        return with_entry_pair(tenant_table, tenant, user_table, user_key, now_ns,
-                               [&](auto& t, const auto& tp, auto& u, const auto& up) {
-          return check_dual_layer(t, params_of(tp, tenant_limits), u, params_of(up, user_limits), now_ns, cost);
-        });
+        return with_entry_pair(
+            tenant_table, tenant, user_table, user_key, now_ns, [&](auto& t, const auto& tp, auto& u, const auto& up) {
+              return check_dual_layer(t, params_of(tp, tenant_limits), u, params_of(up, user_limits), now_ns, cost);
+            });
       },
       *tenants.impl_->table, *users.impl_->table);
 }

@@ -112,7 +112,6 @@ class stored_key {
 };
 static_assert(sizeof(stored_key) == 16);
 
-
 /// Allocates arrays of 2 MiB and more on transparent huge pages (asked for with madvise), so that
 /// random access to a large table misses the TLB far less; smaller ones come from operator new.
 template <class T>
@@ -247,7 +246,7 @@ class keyed_table {
 
   struct alignas(64) shard {  // one cache line apart: no false sharing between shard locks
     std::mutex mutex;
-    Params params;  // the same in every shard but while retune() runs
+    Params params;                                       // the same in every shard but while retune() runs
     std::vector<slot, huge_page_allocator<slot>> slots;  // size a power of two, or empty
     std::size_t size = 0;
     std::size_t heap_bytes = 0;

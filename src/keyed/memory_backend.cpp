@@ -271,7 +271,8 @@ class memory_backend_impl final : public memory_backend {
 
 result<std::unique_ptr<memory_backend>> make_memory_backend(const memory_backend_options& options) {
   if (options.clock == nullptr) return error(errc::invalid_argument, "memory backend: clock must not be null");
-  if (options.max_keys_per_rule == 0) return error(errc::invalid_argument, "memory backend: max_keys_per_rule must be >= 1");
+  if (options.max_keys_per_rule == 0)
+    return error(errc::invalid_argument, "memory backend: max_keys_per_rule must be >= 1");
   return std::unique_ptr<memory_backend>(std::make_unique<memory_backend_impl>(options));
 }
 

@@ -49,7 +49,8 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
   void arm(bool& armed, asio::posix::stream_descriptor::wait_type type) {
     if (armed || ac_ == nullptr) return;
     armed = true;
-    socket_.async_wait(type, asio::bind_executor(strand_, [self = shared_from_this(), type](boost::system::error_code ec) {
+    socket_.async_wait(type,
+                       asio::bind_executor(strand_, [self = shared_from_this(), type](boost::system::error_code ec) {
                          self->on_ready(type, ec);
                        }));
   }

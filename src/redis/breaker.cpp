@@ -29,12 +29,13 @@ void breaker::probe_while_open(std::function<void()> probe) {
   if (armed_ || stopped_) return;
   armed_ = true;
   probe_timer_.expires_after(probe_interval_);
-  probe_timer_.async_wait(asio::bind_executor(strand_, [this, probe = std::move(probe)](boost::system::error_code) mutable {
-    armed_ = false;
-    if (stopped_ || !open_) return;
-    probe();
-    probe_while_open(std::move(probe));
-  }));
+  probe_timer_.async_wait(
+      asio::bind_executor(strand_, [this, probe = std::move(probe)](boost::system::error_code) mutable {
+        armed_ = false;
+        if (stopped_ || !open_) return;
+        probe();
+        probe_while_open(std::move(probe));
+      }));
 }
 
 void breaker::stop() {

@@ -29,7 +29,10 @@ namespace sluice::detail {
 class breaker {
  public:
   breaker(const strand_type& strand, const redis_options& o)
-      : threshold_(o.breaker_failure_threshold), probe_interval_(o.breaker_probe_interval), strand_(strand), probe_timer_(strand) {}
+      : threshold_(o.breaker_failure_threshold),
+        probe_interval_(o.breaker_probe_interval),
+        strand_(strand),
+        probe_timer_(strand) {}
 
   /// True while open (strand).
   bool is_open() const noexcept { return open_; }

@@ -177,8 +177,7 @@ std::int64_t parse_time_reply(const redisReply& r) noexcept {
   long long sec = 0, usec = 0;
   auto [p1, e1] = std::from_chars(a->str, a->str + a->len, sec);
   auto [p2, e2] = std::from_chars(b->str, b->str + b->len, usec);
-  if (e1 != std::errc() || e2 != std::errc() || sec < 0 || sec > (1LL << 40) || usec < 0 ||
-      usec > 999'999) {
+  if (e1 != std::errc() || e2 != std::errc() || sec < 0 || sec > (1LL << 40) || usec < 0 || usec > 999'999) {
     return -1;
   }
   return sec * 1'000'000 + usec;

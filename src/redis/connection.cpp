@@ -58,18 +58,18 @@ void connection::connect() {
   // A host name: resolve without blocking the io thread, then connect to the first address.
   resolving_ = true;
   auto resolver = std::make_shared<asio::ip::tcp::resolver>(strand_);
-  resolver->async_resolve(endpoint_.host, std::to_string(endpoint_.port),
-                          asio::bind_executor(strand_, [self = shared_from_this(), resolver](
-                                                           boost::system::error_code ec2,
-                                                           asio::ip::tcp::resolver::results_type results) {
-                            self->resolving_ = false;
-                            if (self->closed_) return;
-                            if (ec2 || results.empty()) {
-                              self->lost("cannot resolve " + self->endpoint_.host + ": " + ec2.message());
-                              return;
-                            }
-                            self->connect_to(results.begin()->endpoint().address().to_string());
-                          }));
+  resolver->async_resolve(
+      endpoint_.host, std::to_string(endpoint_.port),
+      asio::bind_executor(strand_, [self = shared_from_this(), resolver](
+                                       boost::system::error_code ec2, asio::ip::tcp::resolver::results_type results) {
+        self->resolving_ = false;
+        if (self->closed_) return;
+        if (ec2 || results.empty()) {
+          self->lost("cannot resolve " + self->endpoint_.host + ": " + ec2.message());
+          return;
+        }
+        self->connect_to(results.begin()->endpoint().address().to_string());
+      }));
 }
 
 void connection::connect_to(const std::string& host) {
@@ -91,10 +91,11 @@ void connection::connect_to(const std::string& host) {
   // What waited for the host name to resolve goes right behind the handshake.
   events_.opened();
   connect_timer_.expires_after(connect_timeout_);
-  connect_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(), gen = generation_](boost::system::error_code ec) {
-    if (ec || self->closed_ || gen != self->generation_ || self->ready_ || self->ac_ == nullptr) return;
-    self->drop("no connection to " + self->address_ + " within connect_timeout");
-  }));
+  connect_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this(), gen = generation_](boost::system::error_code ec) {
+        if (ec || self->closed_ || gen != self->generation_ || self->ready_ || self->ac_ == nullptr) return;
+        self->drop("no connection to " + self->address_ + " within connect_timeout");
+      }));
 }
 
 // The handshake goes first on the connection; commands queued behind it follow in order.
@@ -169,7 +170,8 @@ void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
   auto* self = static_cast<connection*>(ac->data);
   if (ac != self->ac_) return;  // we dropped it ourselves
   self->ac_ = nullptr;
-  self->lost("connection to " + self->address_ + " lost" + (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
+  self->lost("connection to " + self->address_ + " lost" +
+             (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
 }
 
 void connection::on_time(redisAsyncContext* ac, void* reply_ptr, void*) {

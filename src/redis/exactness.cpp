@@ -17,18 +17,21 @@ result<void> detail::validate_for_redis(const policy& p) {
                                           "(an interval under 1 µs); use an infinite rate for no limit"};
     }
     if (p.burst > max_exact_count) {
-      return {errc::invalid_argument, "burst " + std::to_string(p.burst) + " is above the Redis backend's maximum of 2^53"};
+      return {errc::invalid_argument,
+              "burst " + std::to_string(p.burst) + " is above the Redis backend's maximum of 2^53"};
     }
     return {};
   }
   if (p.limit > max_exact_count) {
-    return {errc::invalid_argument, "limit " + std::to_string(p.limit) + " is above the Redis backend's maximum of 2^53"};
+    return {errc::invalid_argument,
+            "limit " + std::to_string(p.limit) + " is above the Redis backend's maximum of 2^53"};
   }
   return {};
 }
 
 result<void> validate_for_redis(const rule& r) {
-  if (auto v = detail::validate_for_redis(r.limit); !v) return {v.error().code, "rule '" + r.name + "': " + v.error().message};
+  if (auto v = detail::validate_for_redis(r.limit); !v)
+    return {v.error().code, "rule '" + r.name + "': " + v.error().message};
   if (r.tenant) {
     if (auto v = detail::validate_for_redis(*r.tenant); !v) {
       return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};

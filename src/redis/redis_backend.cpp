@@ -52,8 +52,8 @@ struct redis_prepared_rule final : prepared_rule {
 
 // One check on its way through the backend.
 struct op {
-  check_request req;  // views valid until the handler runs
-  const redis_prepared_rule* rule = nullptr;  // the caller's (valid as the views), or `made`
+  check_request req;                                // views valid until the handler runs
+  const redis_prepared_rule* rule = nullptr;        // the caller's (valid as the views), or `made`
   std::shared_ptr<const redis_prepared_rule> made;  // prepared for this check alone
   check_handler handler;
   detail::command command;  // EVALSHA, formatted once
@@ -179,7 +179,9 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
   }
 
-  bool ready() const { return ready_.load(std::memory_order_relaxed) && !out_of_memory_.load(std::memory_order_relaxed); }
+  bool ready() const {
+    return ready_.load(std::memory_order_relaxed) && !out_of_memory_.load(std::memory_order_relaxed);
+  }
 
   redis_backend_stats stats() const {
     redis_backend_stats s;
@@ -232,7 +234,9 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
     return server_clock_.deadline_us(detail::server_clock::local_now_us(), options_.command_timeout);
   }
 
-  void observe_server_time(std::int64_t server_us) { server_clock_.observe(server_us, detail::server_clock::local_now_us()); }
+  void observe_server_time(std::int64_t server_us) {
+    server_clock_.observe(server_us, detail::server_clock::local_now_us());
+  }
 
   // --- on the strand ----------------------------------------------------------------------------
 
@@ -437,7 +441,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   void open_circuit(const std::string& why) {
     if (breaker_.open()) {
-      spdlog::warn("sluice redis backend: circuit open ({}); checks follow on_error until {} answers", why, conn_->address());
+      spdlog::warn("sluice redis backend: circuit open ({}); checks follow on_error until {} answers", why,
+                   conn_->address());
     }
     // A probe is a new connection; its handshake PING closes the circuit.
     breaker_.probe_while_open([self = shared_from_this()] {
@@ -501,7 +506,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   bool deadline_armed_ = false;
   bool stopping_ = false;
   std::deque<op_ptr> inflight_;  // sent (or waiting in unsent_), in deadline order
-  std::vector<op_ptr> unsent_;    // waiting for the host name to resolve
+  std::vector<op_ptr> unsent_;   // waiting for the host name to resolve
 
   // Any thread.
   std::atomic<bool> ready_{false};
@@ -514,7 +519,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 class redis_backend_impl final : public redis_backend {
  public:
   // Owns an io_context and its thread.
-  explicit redis_backend_impl(std::unique_ptr<asio::io_context> io) : owned_io_(std::move(io)), work_(owned_io_->get_executor()) {}
+  explicit redis_backend_impl(std::unique_ptr<asio::io_context> io)
+      : owned_io_(std::move(io)), work_(owned_io_->get_executor()) {}
   redis_backend_impl() = default;
 
   void start(std::shared_ptr<redis_core> core) {
@@ -534,7 +540,8 @@ class redis_backend_impl final : public redis_backend {
 
   result<decision> check(const check_request& req) override {
     if (core_->on_io_thread()) {
-      return {errc::invalid_argument, "check() blocks and was called on the Redis backend's io thread; use async_check"};
+      return {errc::invalid_argument,
+              "check() blocks and was called on the Redis backend's io thread; use async_check"};
     }
     auto p = std::make_shared<std::promise<result<decision>>>();
     auto f = p->get_future();
@@ -565,15 +572,18 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_checks_total", "counter", "Valid checks sent to the Redis backend.", st.checks);
     metric("sluice_redis_decisions_total", "counter", "Checks Redis decided.", st.redis_decisions);
     metric("sluice_redis_timeouts_total", "counter", "Checks with no Redis answer within timeout_ms.", st.timeouts);
-    metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.", st.unavailable);
+    metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.",
+           st.unavailable);
     metric("sluice_redis_protocol_errors_total", "counter", "Error or malformed Redis replies.", st.protocol_errors);
-    metric("sluice_redis_overloaded_total", "counter", "Checks refused because max_pending were waiting.", st.overloaded);
+    metric("sluice_redis_overloaded_total", "counter", "Checks refused because max_pending were waiting.",
+           st.overloaded);
     metric("sluice_redis_script_reloads_total", "counter", "NOSCRIPT replies recovered.", st.script_reloads);
     metric("sluice_redis_connects_total", "counter", "Successful Redis connections.", st.connects);
     metric("sluice_redis_circuit_opens_total", "counter", "Times the circuit breaker opened.", st.circuit_opens);
     metric("sluice_redis_pending", "gauge", "Checks waiting on Redis now.", st.pending);
     metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
-    metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.", st.out_of_memory ? 1 : 0);
+    metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
+           st.out_of_memory ? 1 : 0);
   }
 
  private:
@@ -592,8 +602,10 @@ result<detail::endpoint> validate_options(const redis_options& o) {
   }
   if (o.key_prefix.size() > 256) return {errc::invalid_argument, "redis key_prefix is longer than 256 bytes"};
   if (o.database < 0) return {errc::invalid_argument, "redis database must be >= 0"};
-  if (o.connect_timeout <= std::chrono::milliseconds::zero()) return {errc::invalid_argument, "redis connect_timeout must be > 0"};
-  if (o.command_timeout <= std::chrono::milliseconds::zero()) return {errc::invalid_argument, "redis command_timeout must be > 0"};
+  if (o.connect_timeout <= std::chrono::milliseconds::zero())
+    return {errc::invalid_argument, "redis connect_timeout must be > 0"};
+  if (o.command_timeout <= std::chrono::milliseconds::zero())
+    return {errc::invalid_argument, "redis command_timeout must be > 0"};
   if (o.max_pending == 0) return {errc::invalid_argument, "redis max_pending must be > 0"};
   if (o.breaker_failure_threshold < 1) return {errc::invalid_argument, "redis breaker_failure_threshold must be >= 1"};
   if (o.breaker_probe_interval <= std::chrono::milliseconds::zero()) {

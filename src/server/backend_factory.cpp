@@ -18,7 +18,8 @@ result<void> check_servable(const config& cfg) {
       }
       return {};
 #else
-      return {errc::config_invalid, cfg.source + ": [backend] type = \"redis\": this sluiced was built without Redis support"};
+      return {errc::config_invalid,
+              cfg.source + ": [backend] type = \"redis\": this sluiced was built without Redis support"};
 #endif
     case backend_type::redis_cluster:
       return {errc::config_invalid,
@@ -41,7 +42,8 @@ result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
   }
 #endif
   if (s.type == backend_type::redis_cluster) {
-    return error(errc::config_invalid, "[backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\"");
+    return error(errc::config_invalid,
+                 "[backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\"");
   }
   return error(errc::config_invalid, "[backend] type = \"redis\": this sluiced was built without Redis support");
 }

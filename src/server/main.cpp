@@ -41,8 +41,8 @@ int main(int argc, char** argv) {
       std::cerr << cfg.error().message << '\n';
       return 1;
     }
-    std::cout << config_path << ": ok (" << cfg->rules.size() << " rules, backend " << sluice::to_string(cfg->backend.type)
-              << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
+    std::cout << config_path << ": ok (" << cfg->rules.size() << " rules, backend "
+              << sluice::to_string(cfg->backend.type) << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
     return 0;
   }
   sluice::server::server_options options;

@@ -65,8 +65,7 @@ void observe(std::array<std::uint64_t, metrics::latency_buckets.size()>& buckets
 
 }  // namespace
 
-void metrics::record_decision(std::string_view rule, std::string_view tenant, const decision& d,
-                              nanoseconds latency) {
+void metrics::record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency) {
   std::string tenant_value;
   if (!d.allowed && d.dual_layer) tenant_value = tenant_label(tenant);
   shard& s = my_shard();
@@ -130,7 +129,8 @@ std::string metrics::render(const metrics_gauges& gauges) const {
     if (r.errors) sample(out, prefix + "error\"}", r.errors);
   }
   header(out, "sluice_rejections_total", "counter",
-         "Refused checks by rule, refusing layer (single, tenant, user) and tenant (capped; later tenants are \"other\").");
+         "Refused checks by rule, refusing layer (single, tenant, user) and tenant (capped; later tenants are "
+         "\"other\").");
   for (const auto& [rule, r] : rules_) {
     for (const auto& [k, v] : r.rejections) {
       std::string layer_name = k.first == layer::none ? "single" : std::string(to_string(k.first));
@@ -143,7 +143,8 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   header(out, "sluice_backend_errors_total", "counter", "Checks that failed with a backend error, by rule and error.");
   for (const auto& [rule, r] : rules_) {
     for (const auto& [code, v] : r.backend_errors) {
-      sample(out, "sluice_backend_errors_total{rule=\"" + escape_label(rule) + "\",error=\"" + escape_label(code) + "\"}",
+      sample(out,
+             "sluice_backend_errors_total{rule=\"" + escape_label(rule) + "\",error=\"" + escape_label(code) + "\"}",
              v);
     }
   }
@@ -166,8 +167,10 @@ std::string metrics::render(const metrics_gauges& gauges) const {
     std::string l = escape_label(rule);
     const histogram& h = r.latency;
     for (std::size_t i = 0; i < latency_buckets.size(); ++i) {
-      sample(out, "sluice_check_duration_seconds_bucket{rule=\"" + l + "\",le=\"" + format_double(latency_buckets[i]) + "\"}",
-             h.buckets[i]);
+      sample(
+          out,
+          "sluice_check_duration_seconds_bucket{rule=\"" + l + "\",le=\"" + format_double(latency_buckets[i]) + "\"}",
+          h.buckets[i]);
     }
     sample(out, "sluice_check_duration_seconds_bucket{rule=\"" + l + "\",le=\"+Inf\"}", h.count);
     out += "sluice_check_duration_seconds_sum{rule=\"" + l + "\"} " + format_double(h.sum) + '\n';

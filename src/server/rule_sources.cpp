@@ -33,11 +33,12 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
         continue;
       }
       const std::string source = "etcd " + key + " (mod_revision " + std::to_string(v.mod_revision) + ")";
-      result<rule_override> o = next_overrides.size() >= max_overrides
-                                    ? result<rule_override>(error(errc::config_invalid,
-                                                                  source + ": more than " + std::to_string(max_overrides) +
-                                                                      " overrides in etcd"))
-                                    : parse_override_json(v.value, source);
+      result<rule_override> o =
+          next_overrides.size() >= max_overrides
+              ? result<rule_override>(
+                    error(errc::config_invalid,
+                          source + ": more than " + std::to_string(max_overrides) + " overrides in etcd"))
+              : parse_override_json(v.value, source);
       if (!o) {
         reject(std::move(key), v.mod_revision, o.error().message);
         if (before != overrides_.end()) next_overrides.insert(*before);
@@ -60,8 +61,8 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
     }
     const std::string source = "etcd " + key + " (mod_revision " + std::to_string(v.mod_revision) + ")";
     result<rule> r = next.size() >= max_rules
-                         ? result<rule>(error(errc::config_invalid, source + ": more than " +
-                                                                         std::to_string(max_rules) + " rules in etcd"))
+                         ? result<rule>(error(errc::config_invalid,
+                                              source + ": more than " + std::to_string(max_rules) + " rules in etcd"))
                          : parse_rule_json(name, v.value, source);
     if (r) {
       if (auto ok = check_(*r); !ok) r = error(ok.error().code, source + ": " + ok.error().message);

@@ -29,14 +29,18 @@ std::string service::render_metrics() {
   const auto all = sources();
   prometheus::family(out, "sluice_config_source_up", "gauge",
                      "1 when the source of rules is current (the file is; etcd: its watch is live).");
-  for (const auto& s : all) prometheus::sample(out, "sluice_config_source_up{source=\"" + s.name + "\"}", std::int64_t{s.connected ? 1 : 0});
+  for (const auto& s : all)
+    prometheus::sample(out, "sluice_config_source_up{source=\"" + s.name + "\"}", std::int64_t{s.connected ? 1 : 0});
   prometheus::family(out, "sluice_config_revision", "gauge",
                      "The version of each source in force: the file's successful loads, etcd's store revision.");
   for (const auto& s : all) prometheus::sample(out, "sluice_config_revision{source=\"" + s.name + "\"}", s.revision);
-  prometheus::family(out, "sluice_config_errors_total", "counter",
-                     "Rules refused, by source: a file that failed to load, an etcd value that failed to parse or validate.");
+  prometheus::family(
+      out, "sluice_config_errors_total", "counter",
+      "Rules refused, by source: a file that failed to load, an etcd value that failed to parse or validate.");
   prometheus::sample(out, "sluice_config_errors_total{source=\"file\"}", metrics_.reload_failures());
-  if (etcd_) prometheus::sample(out, "sluice_config_errors_total{source=\"etcd\"}", etcd_errors_.load(std::memory_order_relaxed));
+  if (etcd_)
+    prometheus::sample(out, "sluice_config_errors_total{source=\"etcd\"}",
+                       etcd_errors_.load(std::memory_order_relaxed));
   prometheus::family(out, "sluice_http_requests_in_flight", "gauge",
                      "Requests read and not yet answered (this scrape included).");
   prometheus::sample(out, "sluice_http_requests_in_flight",
@@ -51,7 +55,8 @@ int service::run(const tcp::endpoint& endpoint, unsigned threads) {
   if (!ec) acceptor_.bind(endpoint, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    spdlog::error("event=listen_failed address={} error={}", log_value(endpoint_text(endpoint)), log_value(ec.message()));
+    spdlog::error("event=listen_failed address={} error={}", log_value(endpoint_text(endpoint)),
+                  log_value(ec.message()));
     return 1;
   }
   auto snap = current();
@@ -90,7 +95,8 @@ int service::run(const tcp::endpoint& endpoint, unsigned threads) {
 std::size_t service::max_connections(std::size_t configured) {
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return configured;
-  const rlim_t usable = lim.rlim_cur > 2 * reserved_descriptors ? lim.rlim_cur - reserved_descriptors : lim.rlim_cur / 2;
+  const rlim_t usable =
+      lim.rlim_cur > 2 * reserved_descriptors ? lim.rlim_cur - reserved_descriptors : lim.rlim_cur / 2;
   return std::min<std::size_t>(configured, std::max<rlim_t>(usable, 1));
 }
 
@@ -124,26 +130,26 @@ std::string service::endpoint_text(const tcp::endpoint& e) {
 // meanwhile) and the failure is logged once per interval with its count.
 void service::do_accept() {
   worker& target = *workers_[next_++ % workers_.size()];
-  acceptor_.async_accept(target.io, [this, &target](beast::error_code ec, asio::basic_stream_socket<tcp, executor> socket) {
-    if (ec) {
-      if (!acceptor_.is_open()) return;  // draining
-      if (std::uint64_t n = accept_failures_.occurred()) {
-        spdlog::warn("event=accept_failed error={} count={}", log_value(ec.message()), n);
-      }
-      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space ||
-          ec == asio::error::no_memory) {
-        accept_retry_timer_.expires_after(accept_backoff);
-        accept_retry_timer_.async_wait([this](beast::error_code) { do_accept(); });
-        return;
-      }
-    } else {
-      socket.set_option(tcp::no_delay(true), ec);
-      asio::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
-        std::make_shared<session>(std::move(socket), *this, target)->start(max_open_per_worker_);
+  acceptor_.async_accept(
+      target.io, [this, &target](beast::error_code ec, asio::basic_stream_socket<tcp, executor> socket) {
+        if (ec) {
+          if (!acceptor_.is_open()) return;  // draining
+          if (std::uint64_t n = accept_failures_.occurred()) {
+            spdlog::warn("event=accept_failed error={} count={}", log_value(ec.message()), n);
+          }
+          if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory) {
+            accept_retry_timer_.expires_after(accept_backoff);
+            accept_retry_timer_.async_wait([this](beast::error_code) { do_accept(); });
+            return;
+          }
+        } else {
+          socket.set_option(tcp::no_delay(true), ec);
+          asio::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
+            std::make_shared<session>(std::move(socket), *this, target)->start(max_open_per_worker_);
+          });
+        }
+        do_accept();
       });
-    }
-    do_accept();
-  });
 }
 
 // Every second, on each worker's own thread: close connections past their deadline, forget ended ones.
@@ -307,8 +313,8 @@ void service::apply_etcd() {
   bool changed = false;
   for (const rejected_value& r : etcd_rules_->apply(values, changed)) {
     etcd_errors_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key),
-                  r.mod_revision, log_value(r.reason));
+    spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key), r.mod_revision,
+                  log_value(r.reason));
   }
   if (!changed) return;
   config settings = current()->cfg;

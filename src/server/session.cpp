@@ -110,10 +110,10 @@ void session::on_header(beast::error_code ec, std::size_t) {
   if (!parser_->is_done() && beast::iequals(h[bhttp::field::expect], "100-continue")) {
     static constexpr std::string_view continue_line = "HTTP/1.1 100 Continue\r\n\r\n";
     asio::async_write(socket_, asio::buffer(continue_line.data(), continue_line.size()),
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                       if (ec) return self->close();
-                       self->read_body();
-                     });
+                      [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                        if (ec) return self->close();
+                        self->read_body();
+                      });
     return;
   }
   read_body();
@@ -152,7 +152,8 @@ void session::handle() {
     if (!get) return reply_error({405, "method_not_allowed", "use GET for " + std::string(target)});
     if (target == "/healthz") return reply(bhttp::status::ok, "{\"status\":\"ok\"}", "application/json");
     if (target == "/readyz") {
-      if (svc_.draining()) return reply(bhttp::status::service_unavailable, "{\"status\":\"draining\"}", "application/json");
+      if (svc_.draining())
+        return reply(bhttp::status::service_unavailable, "{\"status\":\"draining\"}", "application/json");
       if (svc_.backend().ready()) return reply(bhttp::status::ok, "{\"status\":\"ready\"}", "application/json");
       return reply(bhttp::status::service_unavailable, "{\"status\":\"backend_unavailable\"}", "application/json");
     }
@@ -169,16 +170,15 @@ void session::handle_check() {
     return reply_error({415, "unsupported_media_type", "POST /v1/check needs Content-Type: application/json"});
   }
   snap_ = svc_.current_for(worker_);
-  auto parsed = parse_check_body(req_.body(), snap_->cfg,
-                                 [snap = snap_.get()](const check_item& item) -> const prepared_rule& {
-                                   return snap->prepared_for(item);
-                                 });
+  auto parsed = parse_check_body(
+      req_.body(), snap_->cfg,
+      [snap = snap_.get()](const check_item& item) -> const prepared_rule& { return snap->prepared_for(item); });
   if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
   batch_ = std::move(std::get<check_batch>(parsed));
   results_.assign(batch_.items.size(), std::nullopt);
   started_ = steady::now();
-  clear_deadline();       // the backend has its own timeout
-  outstanding_ = 1;       // held until every check is issued, so an inline completion cannot finish early
+  clear_deadline();  // the backend has its own timeout
+  outstanding_ = 1;  // held until every check is issued, so an inline completion cannot finish early
   for (std::size_t i = 0; i < batch_.items.size(); ++i) {
     const check_item& item = batch_.items[i];  // its rule and prepared rule: an override's, if any
     if (item.error) continue;
@@ -290,7 +290,7 @@ void session::reply(bhttp::status status, std::string_view body, std::string_vie
   svc_.stats().record_response(code);
   set_deadline(write_timeout);
   asio::async_write(socket_, asio::buffer(out_),
-                   beast::bind_front_handler(&session::on_write, shared_from_this(), !keep_alive));
+                    beast::bind_front_handler(&session::on_write, shared_from_this(), !keep_alive));
 }
 
 void session::on_write(bool close_after, beast::error_code ec, std::size_t) {

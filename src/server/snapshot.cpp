@@ -37,7 +37,8 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
   s->overrides.resize(cfg.rules.size());
   std::vector<rule_override> kept;
   // Tenants' overrides first: a tenant's user's override starts from its tenant's limits.
-  std::stable_partition(cfg.overrides.begin(), cfg.overrides.end(), [](const rule_override& o) { return o.user.empty(); });
+  std::stable_partition(cfg.overrides.begin(), cfg.overrides.end(),
+                        [](const rule_override& o) { return o.user.empty(); });
   std::map<std::pair<std::size_t, std::string>, rule> tenant_rules;  // (rule index, tenant) → its rule
   for (rule_override& o : cfg.overrides) {
     const rule* base = cfg.find_rule(o.rule);
@@ -50,7 +51,8 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
       if (auto it = tenant_rules.find({i, o.tenant}); it != tenant_rules.end()) base = &it->second;
     }
     auto r = apply_override(*base, o);
-    result<prepared_rule_ptr> p = r ? b.prepare_override(*r, *(*rules)->rules()[i]) : result<prepared_rule_ptr>(r.error());
+    result<prepared_rule_ptr> p =
+        r ? b.prepare_override(*r, *(*rules)->rules()[i]) : result<prepared_rule_ptr>(r.error());
     if (!p) {
       out.rejected_overrides.push_back(p.error().message);
       continue;

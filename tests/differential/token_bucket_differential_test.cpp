@@ -37,10 +37,10 @@ namespace sluice {
 namespace {
 
 struct op {
-  char kind;            // A try_acquire, R reserve, C cancel, L set_rate, B set_burst, K tokens
-  std::int64_t t = 0;   // ns
-  std::int64_t n = 0;   // A, R: cost; C: reservation index; B: burst
-  double rate = 0;      // L
+  char kind;           // A try_acquire, R reserve, C cancel, L set_rate, B set_burst, K tokens
+  std::int64_t t = 0;  // ns
+  std::int64_t n = 0;  // A, R: cost; C: reservation index; B: burst
+  double rate = 0;     // L
 };
 
 struct trace {
@@ -142,7 +142,7 @@ struct x_answer {
   std::int64_t at = 0;
   int ok = 0;
   double before = 0, after = 0;
-  std::int64_t ns = 0;  // A: retry, R: delay
+  std::int64_t ns = 0;    // A: retry, R: delay
   std::int64_t last = 0;  // the limiter's `last` afterwards
 };
 
@@ -150,9 +150,12 @@ x_answer parse(const std::string& line) {
   std::istringstream s(line);
   x_answer x;
   s >> x.kind >> x.at;
-  if (x.kind == 'A') s >> x.ok >> x.before >> x.after >> x.ns;
-  else if (x.kind == 'R') s >> x.ok >> x.ns >> x.before >> x.after;
-  else s >> x.before >> x.after;
+  if (x.kind == 'A')
+    s >> x.ok >> x.before >> x.after >> x.ns;
+  else if (x.kind == 'R')
+    s >> x.ok >> x.ns >> x.before >> x.after;
+  else
+    s >> x.before >> x.after;
   s >> x.last;
   return x;
 }
@@ -176,12 +179,13 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
   auto created = token_bucket::create({.rate = {tr.rate}, .burst = tr.burst});
   if (!created) return {outcome::differs, "create failed: " + created.error().message};
   token_bucket b = std::move(created).value();
-  if (lines.size() != tr.ops.size() + 1) return {outcome::differs, "oracle answered " + std::to_string(lines.size()) + " lines"};
+  if (lines.size() != tr.ops.size() + 1)
+    return {outcome::differs, "oracle answered " + std::to_string(lines.size()) + " lines"};
   double r = tr.rate;
   std::int64_t burst = tr.burst;
   std::vector<std::optional<reservation>> reservations;
-  std::vector<std::size_t> reserved_at;   // op index of each reservation
-  std::vector<bool> gave_back;            // x/time/rate's cancel of it gave something back
+  std::vector<std::size_t> reserved_at;  // op index of each reservation
+  std::vector<bool> gave_back;           // x/time/rate's cancel of it gave something back
   // Tokens sluice may hold less than x/time/rate's float64 count: its state is whole ns of the
   // current interval, so a change of rate or burst, and a cancel, round the tokens down to a ns
   // (and x/time/rate truncates its durations, lastEvent's among them, to a ns).
@@ -204,7 +208,8 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
     };
     auto tokens_close = [&](double s, double e) {
       const double eps = 1e-9 + 1e-11 * magnitude + rounded_off;
-      if (b.rate().is_infinite() || b.burst() == 0) return s >= std::floor(e - eps) && s <= std::floor(e + eps);  // whole tokens
+      if (b.rate().is_infinite() || b.burst() == 0)
+        return s >= std::floor(e - eps) && s <= std::floor(e + eps);  // whole tokens
       return std::abs(s - e) <= eps;
     };
     auto fail = [&](const std::string& what) {
@@ -221,8 +226,9 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
       return at_ns + std::abs(static_cast<double>(x.ns)) > 0x1p62 ||
              at_ns + tokens * static_cast<double>(q.interval_ns) > 0x1p62;
     };
-    const gcra_params next = o.kind == 'L' ? make_gcra_params({o.rate}, burst)
-                             : o.kind == 'B' ? make_gcra_params({r}, o.n) : p;
+    const gcra_params next = o.kind == 'L'   ? make_gcra_params({o.rate}, burst)
+                             : o.kind == 'B' ? make_gcra_params({r}, o.n)
+                                             : p;
     if (beyond_range(p) || beyond_range(next)) {
       return {outcome::documented, "a TAT beyond 2^62 ns (146 years): sluice's int64 ns saturate", i, i};
     }
@@ -284,7 +290,8 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
       // 1 ns of sluice's rounding, 1 ns of x/time/rate's truncation; a cancel's in the reservation's
       // interval too (x/time/rate truncates its moment and lastEvent).
       if (o.kind == 'L' || o.kind == 'B') rounded_off += 2.0 / static_cast<double>(q.interval_ns);
-      if (o.kind == 'C' && reservations[static_cast<std::size_t>(o.n)] && reservations[static_cast<std::size_t>(o.n)]->interval_ns > 0) {
+      if (o.kind == 'C' && reservations[static_cast<std::size_t>(o.n)] &&
+          reservations[static_cast<std::size_t>(o.n)]->interval_ns > 0) {
         rounded_off += 1.0 / static_cast<double>(q.interval_ns) +
                        2.0 / static_cast<double>(reservations[static_cast<std::size_t>(o.n)]->interval_ns);
       }
@@ -319,7 +326,8 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
       // After a cancel that gave back, x/time/rate's lastEvent may still be the cancelled one's
       // moment (it moves only when the latest is cancelled, and then not before now).
       bool given_back_before = false;
-      for (std::size_t q = 0; q < gave_back.size(); ++q) given_back_before = given_back_before || (q != k && gave_back[q]);
+      for (std::size_t q = 0; q < gave_back.size(); ++q)
+        given_back_before = given_back_before || (q != k && gave_back[q]);
       // (At burst 0 sluice's tokens are whole, so a difference may not show yet.)
       if (given_back_before && !capped && given < reserved - eps && (burst == 0 || !tokens_close(after, x.after))) {
         return {outcome::documented, "x/time/rate keeps a cancelled reservation's place", i, i};
@@ -332,7 +340,8 @@ outcome compare(const trace& tr, const std::vector<std::string>& lines) {
     if (after >= static_cast<double>(burst) && x.after >= static_cast<double>(burst) - 1e-9) {
       // Full from a write on: later operations are evaluated no earlier (time going back is no time).
       // (At an infinite rate x/time/rate records nothing for a check.)
-      const bool wrote = o.kind == 'L' || o.kind == 'B' || ((o.kind == 'A' || o.kind == 'R') && x.ok && !std::isinf(r)) ||
+      const bool wrote = o.kind == 'L' || o.kind == 'B' ||
+                         ((o.kind == 'A' || o.kind == 'R') && x.ok && !std::isinf(r)) ||
                          (o.kind == 'C' && x.after != x.before);
       if (wrote) rounded_off = 0;
     }
@@ -408,13 +417,20 @@ trace random_trace(std::mt19937_64& rng) {
     std::uniform_real_distribution<double> u(0, 1);
     const int step = static_cast<int>(rng() % 100);
     double dt = 0;
-    if (step < 30) dt = 0;
-    else if (step < 55) dt = u(rng) * 2 * unit;
-    else if (step < 65) dt = std::round(u(rng) * 4) * unit;  // exactly when tokens arrive
-    else if (step < 80) dt = u(rng) * span;
-    else if (step < 88) dt = -u(rng) * std::min(static_cast<double>(t), 2 * span);
-    else if (step < 93) dt = static_cast<double>(1 + rng() % 3);
-    else dt = u(rng) * 3 * span;
+    if (step < 30)
+      dt = 0;
+    else if (step < 55)
+      dt = u(rng) * 2 * unit;
+    else if (step < 65)
+      dt = std::round(u(rng) * 4) * unit;  // exactly when tokens arrive
+    else if (step < 80)
+      dt = u(rng) * span;
+    else if (step < 88)
+      dt = -u(rng) * std::min(static_cast<double>(t), 2 * span);
+    else if (step < 93)
+      dt = static_cast<double>(1 + rng() % 3);
+    else
+      dt = u(rng) * 3 * span;
     t = std::clamp<std::int64_t>(t + std::llround(std::clamp(dt, -4e18, 4e18)), 0, std::int64_t{1} << 58);
 
     const int kind = static_cast<int>(rng() % 100);
@@ -445,7 +461,8 @@ trace random_trace(std::mt19937_64& rng) {
         tr.ops.push_back({'L', t, 0, r});
       }
     } else if (kind < 88) {
-      burst = rng() % 3 == 0 ? random_burst(rng) : std::max<std::int64_t>(0, burst + static_cast<std::int64_t>(rng() % 7) - 3);
+      burst = rng() % 3 == 0 ? random_burst(rng)
+                             : std::max<std::int64_t>(0, burst + static_cast<std::int64_t>(rng() % 7) - 3);
       tr.ops.push_back({'B', t, burst});
     } else {
       tr.ops.push_back({'K', t});
@@ -485,8 +502,10 @@ TEST(TokenBucketDifferential, AgreesWithXTimeRate) {
                                         lines.begin() + static_cast<std::ptrdiff_t>(at + n));
     at += n;
     ops += tr.ops.size();
-    bool rate_differs = !std::isinf(tr.rate) && 1e9 / static_cast<double>(make_gcra_params({tr.rate}, tr.burst).interval_ns) != tr.rate;
-    for (const op& o : tr.ops) rate_differs = rate_differs || (o.kind == 'L' && !std::isinf(o.rate) && o.rate != 1e9 / std::round(1e9 / o.rate));
+    bool rate_differs =
+        !std::isinf(tr.rate) && 1e9 / static_cast<double>(make_gcra_params({tr.rate}, tr.burst).interval_ns) != tr.rate;
+    for (const op& o : tr.ops)
+      rate_differs = rate_differs || (o.kind == 'L' && !std::isinf(o.rate) && o.rate != 1e9 / std::round(1e9 / o.rate));
     effective_rate += rate_differs;
     const outcome out = compare(tr, mine);
     compared += out.what == outcome::same ? tr.ops.size() : out.compared;
@@ -508,7 +527,8 @@ TEST(TokenBucketDifferential, AgreesWithXTimeRate) {
             << " compared, in " << seconds << " s\n"
             << "  integer-ns interval: " << effective_rate << " traces ran at 1e9/interval, not the rate asked\n"
             << "  rounding ties (a decision within float64 rounding of the boundary): " << ties << " traces ended\n";
-  for (const auto& [name, n] : documented) std::cout << "  documented difference \"" << name << "\": " << n << " traces ended\n";
+  for (const auto& [name, n] : documented)
+    std::cout << "  documented difference \"" << name << "\": " << n << " traces ended\n";
 }
 
 }  // namespace

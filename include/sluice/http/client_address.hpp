@@ -41,8 +41,8 @@ ip_address masked(ip_address a, int prefix) noexcept;
 
 /// An address block, "10.0.0.0/8", "2001:db8::/32"; a bare address is a /32 or /128.
 struct cidr {
-  ip_address base;    ///< Masked to `prefix` bits.
-  int prefix = 128;   ///< In IPv6 bits (an IPv4 /8 is held as /104).
+  ip_address base;   ///< Masked to `prefix` bits.
+  int prefix = 128;  ///< In IPv6 bits (an IPv4 /8 is held as /104).
 
   bool contains(const ip_address& a) const noexcept;
 };
@@ -52,10 +52,10 @@ result<cidr> parse_cidr(std::string_view text);
 
 /// Where the client address of a request comes from.
 struct address_sources {
-  std::string_view peer{};           ///< The TCP peer address, as text. Ignored when `peer_ip` is set.
+  std::string_view peer{};              ///< The TCP peer address, as text. Ignored when `peer_ip` is set.
   std::optional<ip_address> peer_ip{};  ///< The TCP peer address, already parsed. Default: unset.
-  std::string_view forwarded{};      ///< All `Forwarded` field lines, joined by ", ". Default: empty.
-  std::string_view x_forwarded_for{};///< All `X-Forwarded-For` field lines, joined by ", ". Default: empty.
+  std::string_view forwarded{};         ///< All `Forwarded` field lines, joined by ", ". Default: empty.
+  std::string_view x_forwarded_for{};   ///< All `X-Forwarded-For` field lines, joined by ", ". Default: empty.
 };
 
 /// Which header the trusted proxies write. Only that one is read: a proxy passes other headers on

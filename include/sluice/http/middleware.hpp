@@ -81,12 +81,12 @@ struct route_pattern {
 
 /// One row of the route table.
 struct route_limit {
-  std::string method{};  ///< As route_pattern::method. Default: empty (any method).
-  std::string path{};    ///< As route_pattern::path. Required.
-  std::string rule{};    ///< Name of a rule in `middleware_options::rules`. Required.
-  key_by key = key_by::user;                          ///< Default: user.
+  std::string method{};                                ///< As route_pattern::method. Default: empty (any method).
+  std::string path{};                                  ///< As route_pattern::path. Required.
+  std::string rule{};                                  ///< Name of a rule in `middleware_options::rules`. Required.
+  key_by key = key_by::user;                           ///< Default: user.
   anonymous_key anonymous = anonymous_key::client_ip;  ///< Default: client_ip.
-  std::int64_t cost = 1;                              ///< Units per request. Default: 1.
+  std::int64_t cost = 1;                               ///< Units per request. Default: 1.
 };
 
 struct middleware_options {
@@ -138,8 +138,8 @@ struct outcome {
   };
   outcome::action action = action::pass;
   std::vector<header_field> headers{};
-  int status = 200;   ///< 429 when refused.
-  std::string body{};   ///< JSON when refused: {"code": ..., "message": ..., "retry_after": N}.
+  int status = 200;    ///< 429 when refused.
+  std::string body{};  ///< JSON when refused: {"code": ..., "message": ..., "retry_after": N}.
 };
 
 class middleware;
@@ -150,7 +150,11 @@ class pending_check {
  public:
   /// The backend request; its views point into this object.
   check_request request() const noexcept {
-    return {.rule = &prepared_->definition(), .key = key_, .tenant = tenant_, .user = user_, .cost = cost_,
+    return {.rule = &prepared_->definition(),
+            .key = key_,
+            .tenant = tenant_,
+            .user = user_,
+            .cost = cost_,
             .prepared = prepared_};
   }
   /// The rule checked.
@@ -219,7 +223,8 @@ class middleware : public std::enable_shared_from_this<middleware> {
   const middleware_options& options() const noexcept { return options_; }
 
   /// Use create(): a middleware must live in a shared_ptr.
-  middleware(private_tag, middleware_options options, std::vector<cidr> trusted, std::vector<prepared_rule_ptr> prepared);
+  middleware(private_tag, middleware_options options, std::vector<cidr> trusted,
+             std::vector<prepared_rule_ptr> prepared);
 
  private:
   struct atomic_counters {
@@ -232,8 +237,8 @@ class middleware : public std::enable_shared_from_this<middleware> {
   middleware_options options_;
   std::vector<cidr> trusted_;
   std::vector<prepared_rule_ptr> prepared_;  // options_.rules[i] as the backend prepared it
-  std::vector<std::size_t> route_rule_;  // routes_[i] -> index into options_.rules
-  std::vector<bool> route_needs_identity_;  // routes_[i] -> needs_identity()
+  std::vector<std::size_t> route_rule_;      // routes_[i] -> index into options_.rules
+  std::vector<bool> route_needs_identity_;   // routes_[i] -> needs_identity()
   std::unique_ptr<atomic_counters[]> counters_;
   bool completes_inline_ = false;
 };

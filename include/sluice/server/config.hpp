@@ -116,10 +116,10 @@ struct etcd_settings {
 /// rule: `[[overrides]]` in the file, `PREFIX overrides/ID` in etcd. It replaces the limit
 /// parameters of that key and nothing else; the fields it may set follow the rule's algorithm.
 struct rule_override {
-  std::string rule;    ///< The rule's name. Required.
-  std::string key;     ///< Single-layer rules: the key.
-  std::string tenant;  ///< Dual-layer rules: the tenant...
-  std::string user;    ///< ...and optionally one of its users.
+  std::string rule;                          ///< The rule's name. Required.
+  std::string key;                           ///< Single-layer rules: the key.
+  std::string tenant;                        ///< Dual-layer rules: the tenant...
+  std::string user;                          ///< ...and optionally one of its users.
   std::optional<double> rate;                ///< token_bucket
   std::optional<std::int64_t> burst;         ///< token_bucket
   std::optional<std::int64_t> limit;         ///< single-layer windows

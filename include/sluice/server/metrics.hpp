@@ -44,7 +44,7 @@ class metrics {
  public:
   /// Upper bounds of the check latency histogram, in seconds.
   static constexpr std::array<double, 14> latency_buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
-                                                          0.0025,  0.005,    0.01,    0.025,  0.05,   0.1,   0.5};
+                                                          0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.5};
 
   explicit metrics(const metrics_options& options);
 

@@ -225,10 +225,23 @@ class etcd_server {
     port_ = client_port;
     const std::string client = scheme() + "127.0.0.1:" + std::to_string(client_port);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-    std::vector<std::string> args = {"/usr/bin/etcd", "--name", name_, "--data-dir", (dir_ / "data").string(),
-                                     "--listen-client-urls", client, "--advertise-client-urls", client,
-                                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                     "--initial-cluster", name_ + "=" + peer, "--log-level", "warn"};
+    std::vector<std::string> args = {"/usr/bin/etcd",
+                                     "--name",
+                                     name_,
+                                     "--data-dir",
+                                     (dir_ / "data").string(),
+                                     "--listen-client-urls",
+                                     client,
+                                     "--advertise-client-urls",
+                                     client,
+                                     "--listen-peer-urls",
+                                     peer,
+                                     "--initial-advertise-peer-urls",
+                                     peer,
+                                     "--initial-cluster",
+                                     name_ + "=" + peer,
+                                     "--log-level",
+                                     "warn"};
     if (tls_) {
       args.insert(args.end(), {"--cert-file", (dir_ / "server.crt").string(), "--key-file",
                                (dir_ / "server.key").string(), "--trusted-ca-file", ca_file(), "--client-cert-auth"});
@@ -281,8 +294,8 @@ class etcd_server {
     };
     auto sign = [&](const std::string& name, const std::string& extensions) {
       std::ofstream(d + name + ".ext") << extensions;
-      openssl({"x509", "-req", "-in", d + name + ".csr", "-CA", d + "ca.crt", "-CAkey", d + "ca.key",
-               "-CAcreateserial", "-days", "2", "-out", d + name + ".crt", "-extfile", d + name + ".ext"});
+      openssl({"x509", "-req", "-in", d + name + ".csr", "-CA", d + "ca.crt", "-CAkey", d + "ca.key", "-CAcreateserial",
+               "-days", "2", "-out", d + name + ".crt", "-extfile", d + name + ".ext"});
     };
     std::vector<std::string> ca = {"req", "-x509"};
     ca.insert(ca.end(), ec_key.begin(), ec_key.end());

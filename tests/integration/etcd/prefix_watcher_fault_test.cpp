@@ -21,8 +21,8 @@ using namespace std::chrono_literals;
 using sluice::testing::count_of;
 using sluice::testing::etcd_server;
 using sluice::testing::events_in;
-using sluice::testing::revisions_increase;
 using sluice::testing::recorded_watcher;
+using sluice::testing::revisions_increase;
 using sluice::testing::test_options;
 
 TEST(PrefixWatcherFaultTest, ResumesAfterARestartWithoutMissingOrRepeating) {

@@ -107,7 +107,8 @@ struct recorded_watcher {
 /// The test prefix, and a short backoff: a restarted etcd is found again within 0.5 s.
 inline etcd::etcd_options test_options(const std::string& endpoint) {
   using namespace std::chrono_literals;
-  return {.endpoints = {endpoint}, .prefix = "/sluice/", .dial_timeout = 2s, .backoff_base = 50ms, .backoff_cap = 500ms};
+  return {
+      .endpoints = {endpoint}, .prefix = "/sluice/", .dial_timeout = 2s, .backoff_base = 50ms, .backoff_cap = 500ms};
 }
 
 /// True when every changes delivery is at a higher revision than the delivery before it, and no

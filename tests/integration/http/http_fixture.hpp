@@ -126,7 +126,7 @@ class child {
 };
 
 struct http_response {
-  int status = 0;                             ///< 0: no response (connection failed or closed).
+  int status = 0;                              ///< 0: no response (connection failed or closed).
   std::map<std::string, std::string> headers;  ///< Lower-case names.
   std::string body;
 

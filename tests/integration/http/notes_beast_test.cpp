@@ -24,7 +24,8 @@ struct notes_server {
   }
 
   std::string login(const std::string& tenant, const std::string& user) {
-    auto r = http(port, {.method = "POST", .target = "/login", .body = json{{"tenant", tenant}, {"user", user}}.dump()});
+    auto r =
+        http(port, {.method = "POST", .target = "/login", .body = json{{"tenant", tenant}, {"user", user}}.dump()});
     EXPECT_EQ(r.status, 200) << r.body;
     json j = json::parse(r.body, nullptr, false);
     if (!j.is_object() || !j.contains("token")) return {};
@@ -58,7 +59,8 @@ void expect_refusal(const http_response& r, const std::string& code, long long l
   EXPECT_EQ(body.value("retry_after", -1LL), retry);
   EXPECT_EQ(number(r, "x-ratelimit-limit"), limit);
   EXPECT_EQ(number(r, "x-ratelimit-remaining"), 0);
-  auto now = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   EXPECT_GE(number(r, "x-ratelimit-reset"), now);
 }
 
@@ -92,7 +94,8 @@ TEST(NotesBeast, PerUserIsolation) {
 TEST(NotesBeast, QuotaAndRateLimitAnswerDifferentCodes) {
   notes_server s;
   auto alice = s.login("acme", "alice");
-  auto quota = exhaust(s.port, [&](int) { return s.as(alice, "/export"); }, 30);
+  auto quota = exhaust(
+      s.port, [&](int) { return s.as(alice, "/export"); }, 30);
   EXPECT_EQ(quota.admitted, 10);
   expect_refusal(quota.refusal, "quota_exceeded", 10);
 
@@ -126,8 +129,7 @@ TEST(NotesBeast, SpoofedForwardingHeadersFromUntrustedPeerAreIgnored) {
   notes_server s;  // no --trusted-proxy: 127.0.0.1 is a client like any other
   auto r = exhaust(s.port, [](int i) {
     std::string fake = "198.51.100." + std::to_string(i % 250 + 1);
-    return http_request{.target = "/public",
-                        .headers = {{"X-Forwarded-For", fake}, {"Forwarded", "for=" + fake}}};
+    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", fake}, {"Forwarded", "for=" + fake}}};
   });
   EXPECT_GE(r.admitted, 60);
   EXPECT_LT(r.admitted, 120);  // one bucket for all of them, whatever they claim
@@ -136,7 +138,9 @@ TEST(NotesBeast, SpoofedForwardingHeadersFromUntrustedPeerAreIgnored) {
 
 TEST(NotesBeast, TrustedProxyHeadersAreHonoured) {
   notes_server s({"--trusted-proxy", "127.0.0.0/8"});
-  auto client = [](const std::string& xff) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", xff}}}; };
+  auto client = [](const std::string& xff) {
+    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", xff}}};
+  };
 
   auto seven = exhaust(s.port, [&](int) { return client("198.51.100.7"); });
   EXPECT_GE(seven.admitted, 60);
@@ -156,10 +160,11 @@ TEST(NotesBeast, TrustedProxyHeadersAreHonoured) {
             429);
 
   // The client's own Forwarded header is ignored: the proxy writes X-Forwarded-For.
-  EXPECT_EQ(http(s.port, {.target = "/public",
-                          .headers = {{"Forwarded", "for=\"[2001:db8::1]:4711\""}, {"X-Forwarded-For", "198.51.100.7"}}})
-                .status,
-            429);
+  EXPECT_EQ(
+      http(s.port, {.target = "/public",
+                    .headers = {{"Forwarded", "for=\"[2001:db8::1]:4711\""}, {"X-Forwarded-For", "198.51.100.7"}}})
+          .status,
+      429);
 }
 
 TEST(NotesBeast, TrustedProxyWritingForwardedIsHonoured) {
@@ -188,9 +193,21 @@ TEST_P(HostileForwarding, UnresolvableHeadersShareOneKeyNotTheProxys) {
   ASSERT_EQ(own.refusal.status, 429);
 
   const std::vector<std::string> hostile = {
-      "garbage", ",,,,", "[", "[::1", "1.2.3.4:99999999", "999.1.1.1", "for=", "\"unterminated",
-      std::string(9000, '1'), std::string(3000, ','), "1.1.1.1," + std::string(200, ' ') + "x", "1.1.1.1;for=2.2.2.2",
-      "unknown", "_hidden", "::ffff:1.2.3.4%eth0",
+      "garbage",
+      ",,,,",
+      "[",
+      "[::1",
+      "1.2.3.4:99999999",
+      "999.1.1.1",
+      "for=",
+      "\"unterminated",
+      std::string(9000, '1'),
+      std::string(3000, ','),
+      "1.1.1.1," + std::string(200, ' ') + "x",
+      "1.1.1.1;for=2.2.2.2",
+      "unknown",
+      "_hidden",
+      "::ffff:1.2.3.4%eth0",
   };
   int admitted = 0;
   for (int round = 0; round < 6; ++round) {
@@ -220,16 +237,20 @@ TEST_P(HostileForwarding, ClientWrittenPrefixCannotEscapeTheLimit) {
   for (int i = 0; i < 64; ++i) junk_hops += "junk" + std::to_string(i) + ", ";
   const std::vector<std::string> prefixes = {
       forwarded ? "for=\"x" : "\"x",   // an unterminated quote
-      junk_hops,                        // 64 junk hops
-      std::string(9000, ' ') + "pad",   // more than 8 KiB of padding
-      "[", "for=\"[::1", "203.0.113.9",
+      junk_hops,                       // 64 junk hops
+      std::string(9000, ' ') + "pad",  // more than 8 KiB of padding
+      "[",
+      "for=\"[::1",
+      "203.0.113.9",
   };
   for (const auto& p : prefixes) {
     auto r = http(s.port, {.target = "/public", .headers = {{header, p + ", " + hop}}});
     EXPECT_EQ(r.status, 429) << "prefix '" << p.substr(0, 40) << "' escaped the limit";
   }
   // The same prefixes from a client with budget left are admitted on that client's key.
-  auto fresh = http(s.port, {.target = "/public", .headers = {{header, prefixes[0] + ", " + (forwarded ? "for=198.51.100.8" : "198.51.100.8")}}});
+  auto fresh =
+      http(s.port, {.target = "/public",
+                    .headers = {{header, prefixes[0] + ", " + (forwarded ? "for=198.51.100.8" : "198.51.100.8")}}});
   EXPECT_EQ(fresh.status, 200);
 }
 
@@ -345,8 +366,8 @@ TEST(NotesBeast, NoLimitSwitchesTheMiddlewareOff) {
 #ifdef SLUICE_TEST_WITH_REDIS
 TEST(NotesBeast, RedisDownRequestsStillServed) {
   int redis_port = free_port();
-  child redis({REDIS_SERVER, "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save", "",
-               "--appendonly", "no", "--dir", "/tmp"},
+  child redis({REDIS_SERVER, "--port", std::to_string(redis_port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--dir", "/tmp"},
               child::output::discard);
   notes_server s({"--redis", "127.0.0.1:" + std::to_string(redis_port)});
 

@@ -49,7 +49,8 @@ TEST(NotesHttplib, PerUserIsolationAndRefusal) {
 
 TEST(NotesHttplib, QuotaCode) {
   httplib_server s;
-  auto q = exhaust(s.port, [](int) { return as_user("alice", "/export"); }, 30);
+  auto q = exhaust(
+      s.port, [](int) { return as_user("alice", "/export"); }, 30);
   EXPECT_EQ(q.admitted, 10);
   ASSERT_EQ(q.refusal.status, 429);
   EXPECT_EQ(code_of(q.refusal), "quota_exceeded");
@@ -58,7 +59,8 @@ TEST(NotesHttplib, QuotaCode) {
 TEST(NotesHttplib, PerIpAndSpoofedForwardedForIgnored) {
   httplib_server s;
   auto r = exhaust(s.port, [](int i) {
-    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100." + std::to_string(i % 250 + 1)}}};
+    return http_request{.target = "/public",
+                        .headers = {{"X-Forwarded-For", "198.51.100." + std::to_string(i % 250 + 1)}}};
   });
   EXPECT_GE(r.admitted, 60);
   EXPECT_LT(r.admitted, 120);
@@ -69,7 +71,12 @@ TEST(NotesHttplib, PerIpAndSpoofedForwardedForIgnored) {
 // httplib answers HEAD with the GET handler: a GET route must check and count it.
 TEST(NotesHttplib, HeadIsLimitedAsTheGetItRuns) {
   httplib_server s;
-  auto q = exhaust(s.port, [](int) { return http_request{.method = "HEAD", .target = "/export", .headers = {{"X-User", "alice"}}}; }, 30);
+  auto q = exhaust(
+      s.port,
+      [](int) {
+        return http_request{.method = "HEAD", .target = "/export", .headers = {{"X-User", "alice"}}};
+      },
+      30);
   EXPECT_EQ(q.admitted, 10);
   ASSERT_EQ(q.refusal.status, 429);
   EXPECT_EQ(http(s.port, as_user("alice", "/export")).status, 429) << "the HEADs spent alice's quota";
@@ -80,7 +87,9 @@ TEST(NotesHttplib, HeadIsLimitedAsTheGetItRuns) {
 // cannot parse: the proxy appended the real address, and only that part is read.
 TEST(NotesHttplib, MalformedClientPrefixDoesNotEscapeTheLimit) {
   httplib_server s({"--trusted-proxy", "127.0.0.1"});
-  auto r = exhaust(s.port, [](int) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}}; });
+  auto r = exhaust(s.port, [](int) {
+    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}};
+  });
   ASSERT_EQ(r.refusal.status, 429);
   for (const std::string& prefix : {std::string("\"x"), std::string(4000, ' ') + "x", std::string("a, b, c, [")}) {
     EXPECT_EQ(http_get(s.port, "/public", {{"X-Forwarded-For", prefix + ", 198.51.100.7"}}).status, 429);
@@ -89,7 +98,9 @@ TEST(NotesHttplib, MalformedClientPrefixDoesNotEscapeTheLimit) {
 
 TEST(NotesHttplib, TrustedProxyHonoured) {
   httplib_server s({"--trusted-proxy", "127.0.0.1"});
-  auto r = exhaust(s.port, [](int) { return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}}; });
+  auto r = exhaust(s.port, [](int) {
+    return http_request{.target = "/public", .headers = {{"X-Forwarded-For", "198.51.100.7"}}};
+  });
   ASSERT_EQ(r.refusal.status, 429);
   EXPECT_EQ(http_get(s.port, "/public", {{"X-Forwarded-For", "198.51.100.8"}}).status, 200);
 }

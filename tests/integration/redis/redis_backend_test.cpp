@@ -103,7 +103,8 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   auto memory = make_memory_backend({.clock = &clock}).value();
   std::mt19937 rng(42);
   std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
-  const std::int64_t max_cost = std::min<std::int64_t>(3, std::min(r.limit.capacity(), r.tenant ? r.tenant->capacity() : 3));
+  const std::int64_t max_cost =
+      std::min<std::int64_t>(3, std::min(r.limit.capacity(), r.tenant ? r.tenant->capacity() : 3));
   std::uniform_int_distribution<std::int64_t> cost(1, max_cost);
   const std::string keys[] = {"alice", "bob"};
   const std::string tenants[] = {"acme", "globex"};
@@ -119,8 +120,8 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   for (int i = 0; i < 300; ++i) {
     // Mostly bursts at one instant, sometimes a pause.
     if (rng() % 3 == 0) clock.advance(std::chrono::microseconds(step(rng)));
-    check_request req{.rule = &r, .key = keys[rng() % 2], .tenant = tenants[rng() % 2], .user = keys[rng() % 2],
-                      .cost = cost(rng)};
+    check_request req{
+        .rule = &r, .key = keys[rng() % 2], .tenant = tenants[rng() % 2], .user = keys[rng() % 2], .cost = cost(rng)};
     decision dr = expect_decision(redis.check(req));
     decision dm = expect_decision(memory->check(req));
     expect_same(dr, dm, r.name + " step " + std::to_string(i));
@@ -155,9 +156,12 @@ TEST_F(RedisBackendTest, TokenBucketScriptMatchesTheAlgorithmAcrossRatesBurstsAn
     std::int64_t max_step_us;
   };
   const walk_case cases[] = {
-      {per_second(1e-6), 3, 0, 10'000'000},   {per_second(0.5), 1, 0, 3'000'000},
-      {per_second(7), 10'000, 0, 200'000},     {per_second(333'333), 1'000'000, 800'000, 200'000},
-      {per_second(1e6), 2'000'000, 1'500'000, 300'000}, {rate::infinite(), 5, 0, 1'000},
+      {per_second(1e-6), 3, 0, 10'000'000},
+      {per_second(0.5), 1, 0, 3'000'000},
+      {per_second(7), 10'000, 0, 200'000},
+      {per_second(333'333), 1'000'000, 800'000, 200'000},
+      {per_second(1e6), 2'000'000, 1'500'000, 300'000},
+      {rate::infinite(), 5, 0, 1'000},
       {per_second(3), 0, 0, 1'000'000},
   };
   std::mt19937 rng(9);
@@ -219,7 +223,8 @@ TEST_F(RedisBackendTest, DualLayerMatchesInProcess) {
   compare_with_memory(*b, clock_, both_logs, 300ms);
   rule mixed{.name = "mixed", .limit = token_bucket_policy(per_second(5), 3), .tenant = fixed_window_policy(7, 1s)};
   compare_with_memory(*b, clock_, mixed, 300ms);
-  rule counters{.name = "counters", .limit = fixed_window_policy(3, 500ms), .tenant = sliding_window_counter_policy(5, 1s)};
+  rule counters{
+      .name = "counters", .limit = fixed_window_policy(3, 500ms), .tenant = sliding_window_counter_policy(5, 1s)};
   compare_with_memory(*b, clock_, counters, 300ms);
 }
 
@@ -255,9 +260,9 @@ TEST_F(RedisBackendTest, SlidingWindowLogResetAtIsOldestPlusWindow) {
   }
   decision refused = expect_decision(b->check({.rule = &r, .key = "k"}));  // at start + 3 s
   EXPECT_FALSE(refused.allowed);
-  EXPECT_EQ(refused.retry_after, 7s);   // oldest (start) + 10 s − now
-  EXPECT_EQ(refused.reset_after, 9s);   // newest (start + 2 s) + 10 s − now
-  clock_.set(start + 10s);              // the oldest leaves (now − W, now]
+  EXPECT_EQ(refused.retry_after, 7s);  // oldest (start) + 10 s − now
+  EXPECT_EQ(refused.reset_after, 9s);  // newest (start + 2 s) + 10 s − now
+  clock_.set(start + 10s);             // the oldest leaves (now − W, now]
   EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
   EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
 }
@@ -379,9 +384,26 @@ TEST_F(RedisBackendTest, HostileIdsNeitherCollideNorBreakTheHashTag) {
   rule single{.name = "r", .limit = fixed_window_policy(1, 1min)};
   rule dual{.name = "d", .limit = fixed_window_policy(1, 1min), .tenant = fixed_window_policy(100, 1min)};
   const std::string binary("\x00\x01\xff{}\r\n", 7);
-  const std::vector<std::string> ids = {"a",     "a}:user:b", "a:user:b", "a}", "{a}", "a{b}", "a%7Db", "a%",
-                                        "a:b",   "a%3Ab",     "}",        "{",  ":",   "%",    " ",     binary,
-                                        "user",  "b",         std::string(max_key_length, 'x'), "\xe2\x82\xac"};
+  const std::vector<std::string> ids = {"a",
+                                        "a}:user:b",
+                                        "a:user:b",
+                                        "a}",
+                                        "{a}",
+                                        "a{b}",
+                                        "a%7Db",
+                                        "a%",
+                                        "a:b",
+                                        "a%3Ab",
+                                        "}",
+                                        "{",
+                                        ":",
+                                        "%",
+                                        " ",
+                                        binary,
+                                        "user",
+                                        "b",
+                                        std::string(max_key_length, 'x'),
+                                        "\xe2\x82\xac"};
   // Each distinct id has its own limit of 1: a collision would refuse the second one.
   for (const auto& id : ids) {
     EXPECT_TRUE(expect_decision(b->check({.rule = &single, .key = id})).allowed) << id;
@@ -502,7 +524,8 @@ TEST_F(RedisBackendTest, BlockingCheckOnTheIoThreadIsAnErrorNotADeadlock) {
   auto b = make();
   rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
   std::promise<result<decision>> inner;
-  b->async_check({.rule = &r, .key = "k"}, [&](result<decision>) { inner.set_value(b->check({.rule = &r, .key = "k"})); });
+  b->async_check({.rule = &r, .key = "k"},
+                 [&](result<decision>) { inner.set_value(b->check({.rule = &r, .key = "k"})); });
   auto got = inner.get_future().get();
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.error(), errc::invalid_argument);
@@ -580,7 +603,8 @@ TEST_F(RedisBackendTest, RunsOnTheCallersIoContext) {
   std::thread runner([&] { io.run(); });
   rule r{.name = "r", .limit = fixed_window_policy(2, 1min)};
   {
-    auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
+    auto b =
+        make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
     EXPECT_TRUE(expect_decision((*b)->check({.rule = &r, .key = "k"})).allowed);
     std::future<result<decision>> f = async_check(**b, {.rule = &r, .key = "k"}, asio::use_future);
@@ -615,7 +639,8 @@ TEST_F(RedisBackendTest, DegenerateBuckets) {
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.retry_after, never);
   rule unlimited{.name = "inf", .limit = token_bucket_policy(rate::infinite(), 3)};
-  for (int i = 0; i < 10; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k", .cost = 3})).allowed);
+  for (int i = 0; i < 10; ++i)
+    EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k", .cost = 3})).allowed);
   rule no_refill{.name = "zero", .limit = token_bucket_policy(per_second(0), 2)};
   EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
   EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
@@ -666,7 +691,8 @@ TEST_F(RedisBackendTest, TokenBucketAtHighRatesMatchesInProcess) {
   rule odd{.name = "odd", .limit = token_bucket_policy(per_second(1e9 / 1100), 10'000'000)};  // interval 1.1 µs
   compare_with_memory(*b, clock_, odd, 3us, 9'999'990);
   // Two users of a tenant take 9,999,990 each: both layers end a few tokens from refusing.
-  rule dual{.name = "dual", .limit = token_bucket_policy(per_second(1e9 / 1700), 10'000'000),
+  rule dual{.name = "dual",
+            .limit = token_bucket_policy(per_second(1e9 / 1700), 10'000'000),
             .tenant = token_bucket_policy(per_second(1e9 / 1300), 20'000'020)};
   compare_with_memory(*b, clock_, dual, 3us, 9'999'990);
 }
@@ -680,7 +706,8 @@ TEST_F(RedisBackendTest, TokenBucketRatesAboveOnePerMicrosecondAreRefused) {
   EXPECT_EQ(d.error(), errc::invalid_argument);
   EXPECT_NE(d.error().message.find("rate 100000000 per second"), std::string::npos) << d.error().message;
   EXPECT_NE(d.error().message.find("too_fast"), std::string::npos) << d.error().message;
-  rule tenant_too_fast{.name = "t", .limit = fixed_window_policy(5, 1s), .tenant = token_bucket_policy(per_second(1.5e6), 10)};
+  rule tenant_too_fast{
+      .name = "t", .limit = fixed_window_policy(5, 1s), .tenant = token_bucket_policy(per_second(1.5e6), 10)};
   auto t = b->check({.rule = &tenant_too_fast, .tenant = "acme", .user = "u"});
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error(), errc::invalid_argument);
@@ -719,7 +746,8 @@ TEST_F(RedisBackendTest, HugeWindowsAndLimitsNeitherOverflowNorReachTheScripts) 
 
   const auto before = redis_->integer({"DBSIZE"});
   rule huge_limit{.name = "huge", .limit = fixed_window_policy(std::numeric_limits<std::int64_t>::max(), 1s)};
-  rule huge_burst{.name = "burst", .limit = token_bucket_policy(per_second(1), std::numeric_limits<std::int64_t>::max())};
+  rule huge_burst{.name = "burst",
+                  .limit = token_bucket_policy(per_second(1), std::numeric_limits<std::int64_t>::max())};
   for (const rule* r : {&huge_limit, &huge_burst}) {
     auto d = b->check({.rule = r, .key = "k"});
     ASSERT_FALSE(d.ok()) << r->name;
@@ -784,7 +812,8 @@ TEST_F(RedisBackendTest, DestroyingOnAStoppedIoContextClosesTheConnection) {
     io.restart();
     auto work = asio::make_work_guard(io);
     std::thread runner([&] { io.run(); });
-    auto b = make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
+    auto b =
+        make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
     EXPECT_EQ(expect_decision((*b)->check({.rule = &r, .key = "k"})).source, decision_source::limiter);  // connected
     io.stop();
@@ -827,7 +856,8 @@ TEST_F(RedisAuthTest, RequirePassAndAclUser) {
   }
   {
     // No password at all.
-    auto b = make_redis_backend({.addresses = {redis.address()}, .command_timeout = 2s, .on_error = failure_policy::deny});
+    auto b =
+        make_redis_backend({.addresses = {redis.address()}, .command_timeout = 2s, .on_error = failure_policy::deny});
     ASSERT_TRUE(b.ok());
     decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
     EXPECT_EQ(d.source, decision_source::fail_closed);

@@ -84,8 +84,8 @@ TEST(RedisConcurrencyTest, DualLayerTenantLimitIsExactAcrossProcesses) {
 
 TEST(RedisConcurrencyTest, ThreadsSharingOneBackendMixBlockingAndAsyncChecks) {
   testing::redis_server redis;
-  auto backend = make_redis_backend({.addresses = {redis.address()}, .command_timeout = 10s,
-                                     .on_error = failure_policy::deny});
+  auto backend =
+      make_redis_backend({.addresses = {redis.address()}, .command_timeout = 10s, .on_error = failure_policy::deny});
   ASSERT_TRUE(backend.ok());
   rule r{.name = "shared", .limit = fixed_window_policy(300, std::chrono::hours(24))};
   std::atomic<int> admitted{0};

@@ -219,7 +219,9 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
   const std::string address = redis.address();
   redis.kill();  // nothing listens there now
   rule r{.name = "r", .limit = fixed_window_policy(2, std::chrono::hours(1))};
-  rule dual{.name = "d", .limit = fixed_window_policy(2, std::chrono::hours(1)), .tenant = fixed_window_policy(3, std::chrono::hours(1))};
+  rule dual{.name = "d",
+            .limit = fixed_window_policy(2, std::chrono::hours(1)),
+            .tenant = fixed_window_policy(3, std::chrono::hours(1))};
   {
     auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::deny});
     ASSERT_TRUE(b.ok());
@@ -254,7 +256,8 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
   {
     // Fail open on a dual-layer rule: both layers admit with all they have, combined as any
     // dual-layer decision (the binding layer is the smaller one).
-    rule small_tenant{.name = "s", .limit = fixed_window_policy(5, std::chrono::hours(1)),
+    rule small_tenant{.name = "s",
+                      .limit = fixed_window_policy(5, std::chrono::hours(1)),
                       .tenant = fixed_window_policy(3, std::chrono::hours(1))};
     auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::allow});
     ASSERT_TRUE(b.ok());
@@ -349,7 +352,8 @@ TEST(RedisFaultTest, ErrorsAreLoggedAtMostOncePerIntervalWithTheirCount) {
                                  .breaker_probe_interval = std::chrono::hours(1),  // no reconnect noise
                                  .error_log_interval = 500ms});
     ASSERT_TRUE(b.ok());
-    for (int i = 0; i < 50; ++i) EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
+    for (int i = 0; i < 50; ++i)
+      EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
     std::this_thread::sleep_for(600ms);
     EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
     EXPECT_EQ((*b)->stats().unavailable, 51u);

@@ -23,14 +23,15 @@ int main(int argc, char** argv) {
   if (threads < 1 || threads > 64 || checks < 1 || checks > 1'000'000) return 2;
   using namespace std::chrono_literals;
   // A long timeout and fail-closed: a slow (sanitized) run can only under-admit, and reports it.
-  auto backend = sluice::make_redis_backend({.addresses = {argv[1]}, .command_timeout = 10s,
-                                             .on_error = sluice::failure_policy::deny});
+  auto backend = sluice::make_redis_backend(
+      {.addresses = {argv[1]}, .command_timeout = 10s, .on_error = sluice::failure_policy::deny});
   if (!backend) {
     std::fprintf(stderr, "%s\n", backend.error().message.c_str());
     return 1;
   }
   const sluice::rule log{.name = "exact", .limit = sluice::sliding_window_policy(1000, 60s)};
-  const sluice::rule dual{.name = "exact-dual", .limit = sluice::sliding_window_policy(400, 60s),
+  const sluice::rule dual{.name = "exact-dual",
+                          .limit = sluice::sliding_window_policy(400, 60s),
                           .tenant = sluice::sliding_window_policy(1000, 60s)};
   std::atomic<long> admitted{0};
   std::atomic<long> failed{0};

@@ -90,7 +90,8 @@ class redis_server {
       argv.push_back(a.data());
       lens.push_back(a.size());
     }
-    auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data()));
+    auto* r =
+        static_cast<redisReply*>(redisCommandArgv(ctx_.get(), static_cast<int>(argv.size()), argv.data(), lens.data()));
     if (r == nullptr) {
       ctx_.reset();
       throw std::runtime_error("redis command failed");
@@ -165,10 +166,23 @@ class redis_server {
   }
 
   bool start() {
-    std::vector<std::string> args = {"/usr/bin/redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", dir_.string(),
-                                     "--enable-debug-command", "local", "--daemonize", "no",
-                                     "--logfile", (dir_ / "redis.log").string()};
+    std::vector<std::string> args = {"/usr/bin/redis-server",
+                                     "--port",
+                                     std::to_string(port_),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no",
+                                     "--dir",
+                                     dir_.string(),
+                                     "--enable-debug-command",
+                                     "local",
+                                     "--daemonize",
+                                     "no",
+                                     "--logfile",
+                                     (dir_ / "redis.log").string()};
     for (const auto& e : extra_) args.push_back(e);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -198,8 +212,9 @@ class redis_server {
         // Up, and ours: another test's server could have taken the port between free_port() and bind.
         auto* r = static_cast<redisReply*>(redisCommand(c.get(), "INFO server"));
         if (r) {
-          bool ours = r->type == REDIS_REPLY_STRING &&
-                      std::string(r->str, r->len).find("process_id:" + std::to_string(pid_) + "\r\n") != std::string::npos;
+          bool ours =
+              r->type == REDIS_REPLY_STRING &&
+              std::string(r->str, r->len).find("process_id:" + std::to_string(pid_) + "\r\n") != std::string::npos;
           bool noauth = r->type == REDIS_REPLY_ERROR;  // requirepass set and no password yet: it is up
           freeReplyObject(r);
           if (ours || noauth) return true;

@@ -114,7 +114,8 @@ TEST(Concurrency, CountersAdmitExactlyLimit) {
 }
 
 TEST(Concurrency, DualLayerAdmitsExactlyTheBindingLimit) {
-  auto d = dual_layer::create({.tenant = sliding_window_policy(300, 60s), .user = sliding_window_policy(1000, 60s)}).value();
+  auto d =
+      dual_layer::create({.tenant = sliding_window_policy(300, 60s), .user = sliding_window_policy(1000, 60s)}).value();
   EXPECT_EQ(hammer([&](int, int) { return d.try_acquire(t0).value().allowed; }), 300);
 }
 

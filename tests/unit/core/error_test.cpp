@@ -34,7 +34,8 @@ TEST(ErrorCondition, BackendFailureCoversTheBackendCodesOnly) {
 // exception: the process prints the held error's message and aborts, in every build.
 TEST(ResultDeathTest, ValueOfAnErrorAbortsWithItsMessage) {
   const result<int> r(errc::invalid_argument, "burst must be >= 0, got -1");
-  EXPECT_DEATH(static_cast<void>(r.value()), "result::value\\(\\) called on a result holding an error: burst must be >= 0, got -1");
+  EXPECT_DEATH(static_cast<void>(r.value()),
+               "result::value\\(\\) called on a result holding an error: burst must be >= 0, got -1");
   result<std::string> s(errc::config_invalid, "t.toml:1:1: bad");
   EXPECT_DEATH(static_cast<void>(*s), "t.toml:1:1: bad");
   EXPECT_DEATH(static_cast<void>(s->size()), "t.toml:1:1: bad");

@@ -17,12 +17,9 @@ TEST(Policy, ValidationNamesTheParameter) {
     const char* names;
   };
   const bad_case cases[] = {
-      {token_bucket_policy(per_second(-1), 1), "rate"},
-      {token_bucket_policy(per_second(1), -1), "burst"},
-      {sliding_window_policy(0, 1s), "limit"},
-      {sliding_window_policy(-5, 1s), "limit"},
-      {sliding_window_policy(1, 0s), "window"},
-      {fixed_window_policy(1, -1s), "window"},
+      {token_bucket_policy(per_second(-1), 1), "rate"}, {token_bucket_policy(per_second(1), -1), "burst"},
+      {sliding_window_policy(0, 1s), "limit"},          {sliding_window_policy(-5, 1s), "limit"},
+      {sliding_window_policy(1, 0s), "window"},         {fixed_window_policy(1, -1s), "window"},
       {sliding_window_counter_policy(0, 1s), "limit"},
   };
   for (const auto& c : cases) {
@@ -54,9 +51,11 @@ TEST(CheckRequest, Validation) {
   EXPECT_TRUE(validate(check_request{.rule = &r, .key = "k"}).ok());
   EXPECT_EQ(validate(check_request{.rule = &r, .key = "k", .cost = 11}).error(), errc::cost_exceeds_burst);
   rule dual{.name = "d", .limit = sliding_window_policy(10, 1s), .tenant = sliding_window_policy(5, 1s)};
-  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = "t", .user = "u", .cost = 6}).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = "t", .user = "u", .cost = 6}).error(),
+            errc::cost_exceeds_burst);
   EXPECT_EQ(validate(check_request{.rule = &dual, .user = "u"}).error(), errc::invalid_argument);
-  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = std::string(513, 't'), .user = "u"}).error(), errc::key_too_long);
+  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = std::string(513, 't'), .user = "u"}).error(),
+            errc::key_too_long);
 }
 
 TEST(FullCapacityDecision, EveryLayerFullAndMarked) {
@@ -67,7 +66,8 @@ TEST(FullCapacityDecision, EveryLayerFullAndMarked) {
   EXPECT_EQ(d.remaining, 60);
   EXPECT_FALSE(d.dual_layer);
   EXPECT_EQ(d.source, decision_source::disabled);
-  const rule dual{.name = "d", .limit = sliding_window_policy(100, std::chrono::seconds(60)),
+  const rule dual{.name = "d",
+                  .limit = sliding_window_policy(100, std::chrono::seconds(60)),
                   .tenant = sliding_window_policy(1000, std::chrono::seconds(60))};
   d = full_capacity_decision(dual, decision_source::fail_open);
   EXPECT_TRUE(d.dual_layer);

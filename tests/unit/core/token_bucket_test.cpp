@@ -102,13 +102,14 @@ TEST_P(TokenBucketCost, FirstCheckOnAFullBucket) {
   EXPECT_EQ(d.retry_after, c.retry_after);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Bounds, TokenBucketCost,
-    ::testing::Values(cost_case{"one", 5, 60, 1, true, 59, 0ns}, cost_case{"whole_burst", 5, 60, 60, true, 0, 0ns},
-                      cost_case{"burst_one", 1, 1, 1, true, 0, 0ns}, cost_case{"big_rate", 1e6, 1000, 7, true, 993, 0ns},
-                      cost_case{"tiny_rate", 1e-3, 3, 3, true, 0, 0ns},
-                      cost_case{"burst_zero_refuses", 5, 0, 1, false, 0, never}),
-    [](const auto& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Bounds, TokenBucketCost,
+                         ::testing::Values(cost_case{"one", 5, 60, 1, true, 59, 0ns},
+                                           cost_case{"whole_burst", 5, 60, 60, true, 0, 0ns},
+                                           cost_case{"burst_one", 1, 1, 1, true, 0, 0ns},
+                                           cost_case{"big_rate", 1e6, 1000, 7, true, 993, 0ns},
+                                           cost_case{"tiny_rate", 1e-3, 3, 3, true, 0, 0ns},
+                                           cost_case{"burst_zero_refuses", 5, 0, 1, false, 0, never}),
+                         [](const auto& info) { return info.param.name; });
 
 TEST(TokenBucket, CostExceedsBurstIsAnError) {
   token_bucket b = make(per_second(5), 60);

@@ -234,8 +234,8 @@ TEST(SlidingWindowCounter, WorstCaseStaysUnderTwiceTheLimit) {
   int admitted = 0;
   for (int i = 0; i < 200; ++i) admitted += acquire(c, t0 + 10s - 1ms).allowed;  // end of a window
   for (int ms = 0; ms < 9'999; ms += 1) admitted += acquire(c, t0 + 10s + std::chrono::milliseconds(ms)).allowed;
-  EXPECT_GT(admitted, limit);       // the approximation does let more through here
-  EXPECT_LT(admitted, 2 * limit);   // but never twice the limit
+  EXPECT_GT(admitted, limit);      // the approximation does let more through here
+  EXPECT_LT(admitted, 2 * limit);  // but never twice the limit
 }
 
 // --- fixed window ------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ TEST(EtcdOptionsTest, EachInvalidOptionIsNamed) {
   const std::vector<std::pair<std::function<void(etcd_options&)>, std::string>> cases = {
       {[](etcd_options& o) { o.endpoints.clear(); }, "etcd: endpoints is empty: name at least one host:port"},
       {[](etcd_options& o) { o.endpoints = {"localhost"}; }, "etcd: endpoint address \"localhost\" has no port"},
-      {[](etcd_options& o) { o.endpoints = {"a:1", "::1:2379"}; }, "needs brackets"},
+      {[](etcd_options& o) {
+         o.endpoints = {"a:1", "::1:2379"};
+       },
+       "needs brackets"},
       {[](etcd_options& o) { o.endpoints = {"a:0"}; }, "etcd: endpoint \"a:0\" has port 0"},
       {[](etcd_options& o) { o.password = "pw"; }, "etcd: password is set but username is empty"},
       {[](etcd_options& o) { o.cert_file = "c.pem"; }, "etcd: cert_file and key_file must be set together"},

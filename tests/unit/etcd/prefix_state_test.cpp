@@ -9,9 +9,15 @@ namespace sluice::etcd::detail {
 namespace {
 
 change put(std::string_view key, std::string_view value, std::int64_t rev, std::int64_t created = 0) {
-  return {.kind = change::type::put, .key = key, .value = value, .create_revision = created ? created : rev, .mod_revision = rev};
+  return {.kind = change::type::put,
+          .key = key,
+          .value = value,
+          .create_revision = created ? created : rev,
+          .mod_revision = rev};
 }
-change erase(std::string_view key, std::int64_t rev) { return {.kind = change::type::erase, .key = key, .mod_revision = rev}; }
+change erase(std::string_view key, std::int64_t rev) {
+  return {.kind = change::type::erase, .key = key, .mod_revision = rev};
+}
 
 prefix_state make(state_limits limits = {.max_keys = 100, .max_value_bytes = 16, .max_key_bytes = 64}) {
   return prefix_state("/p/", limits);

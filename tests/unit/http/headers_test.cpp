@@ -51,8 +51,8 @@ TEST(Headers, IetfFields) {
 
 TEST(Headers, DualLayerShowsTheBindingLayersPolicy) {
   rule r{.name = "d", .limit = sliding_window_policy(100, 60s), .tenant = sliding_window_policy(5, 5s)};
-  decision d{.allowed = true, .limit = 5, .remaining = 4, .reset_after = 5s, .dual_layer = true,
-             .binding = layer::tenant};
+  decision d{
+      .allowed = true, .limit = 5, .remaining = 4, .reset_after = 5s, .dual_layer = true, .binding = layer::tenant};
   auto h = as_map(rate_limit_headers(d, r, wall, {.ietf_fields = true}));
   EXPECT_EQ(h["RateLimit-Policy"], "\"d\";q=5;w=5");
   d.binding = layer::user;

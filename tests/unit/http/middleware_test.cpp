@@ -47,7 +47,9 @@ struct middleware_test : ::testing::Test {
         .backend = fake,
         .rules = {{.name = "notes", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt},
                   {.name = "quota", .limit = fixed_window_policy(10, 24h), .tenant = std::nullopt},
-                  {.name = "dual", .limit = token_bucket_policy(per_second(5), 60), .tenant = token_bucket_policy(per_second(1), 100)},
+                  {.name = "dual",
+                   .limit = token_bucket_policy(per_second(5), 60),
+                   .tenant = token_bucket_policy(per_second(1), 100)},
                   {.name = "ip", .limit = token_bucket_policy(per_second(5), 60), .tenant = std::nullopt}},
         .routes = {{.method = "GET", .path = "/notes/export", .rule = "quota"},
                    {.path = "/notes/*", .rule = "notes", .cost = 2},
@@ -179,7 +181,8 @@ TEST(ClientAddress, ParsesAndCanonicalises) {
   EXPECT_EQ(to_string(*parse_ip("::ffff:192.0.2.1")), "192.0.2.1");
   EXPECT_EQ(*parse_ip("::ffff:192.0.2.1"), *parse_ip("192.0.2.1"));
   EXPECT_EQ(to_string(*parse_ip("2001:DB8:0:0:0:0:0:1")), "2001:db8::1");
-  for (const char* bad : {"", " 1.2.3.4", "1.2.3", "1.2.3.4.5", "256.1.1.1", "1.2.3.4:80", "[::1]", "::1%lo", "x", "::g"}) {
+  for (const char* bad :
+       {"", " 1.2.3.4", "1.2.3", "1.2.3.4.5", "256.1.1.1", "1.2.3.4:80", "[::1]", "::1%lo", "x", "::g"}) {
     EXPECT_FALSE(parse_ip(bad)) << bad;
   }
   EXPECT_TRUE(parse_cidr("10.0.0.0/8")->contains(*parse_ip("10.255.1.2")));
@@ -190,7 +193,8 @@ TEST(ClientAddress, ParsesAndCanonicalises) {
   EXPECT_TRUE(parse_cidr("::/0")->contains(*parse_ip("8.8.8.8")));
   EXPECT_TRUE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.1")));
   EXPECT_FALSE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.2")));
-  for (const char* bad : {"", "/8", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "10.0.0.0/33", "::/129", "10.0.0.0/0008"}) {
+  for (const char* bad :
+       {"", "/8", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "10.0.0.0/33", "::/129", "10.0.0.0/0008"}) {
     EXPECT_FALSE(parse_cidr(bad).ok()) << bad;
   }
 }
@@ -263,13 +267,34 @@ TEST_F(client_address_test, ClientWrittenPrefixIsNeverParsed) {
 
 // No client can be found: nullopt, never the proxy's address (the middleware keys on ip:unresolved).
 TEST_F(client_address_test, HostileHeadersResolveToNoClient) {
-  for (const std::string& h : std::vector<std::string>{"garbage", ",", ",,,", "[", "[::1", "[::1]x", "[::1]:", "[::1]:1234567", "1.2.3.4:", "1.2.3.4:x",
-                        "1.2.3.4:123456", "999.1.1.1", "unknown", "_hidden", "\"", "\"1.2.3.4\"", "1.2.3.4 5.6.7.8",
-                        "::1%eth0", std::string("1.2.3.4\0", 8), "\xff\xfe", "1.2.3.4, ", " , 1.2.3.4,"}) {
+  for (const std::string& h : std::vector<std::string>{"garbage",
+                                                       ",",
+                                                       ",,,",
+                                                       "[",
+                                                       "[::1",
+                                                       "[::1]x",
+                                                       "[::1]:",
+                                                       "[::1]:1234567",
+                                                       "1.2.3.4:",
+                                                       "1.2.3.4:x",
+                                                       "1.2.3.4:123456",
+                                                       "999.1.1.1",
+                                                       "unknown",
+                                                       "_hidden",
+                                                       "\"",
+                                                       "\"1.2.3.4\"",
+                                                       "1.2.3.4 5.6.7.8",
+                                                       "::1%eth0",
+                                                       std::string("1.2.3.4\0", 8),
+                                                       "\xff\xfe",
+                                                       "1.2.3.4, ",
+                                                       " , 1.2.3.4,"}) {
     EXPECT_EQ(of("10.0.0.1", h), "none") << "xff '" << h << "'";
   }
-  for (const std::string& h : std::vector<std::string>{"garbage", "1.2.3.4", "for", "for=", "for=unknown", "for=_hidden", "for=\"", "for=\"[::1\"", "for=1.2.3.4;for=5.6.7.8",
-                        "for=\"a\\\"", "=1.2.3.4", "for==1.2.3.4", "by=1.2.3.4", "for=1.2.3.4,", "\"for=1.2.3.4"}) {
+  for (const std::string& h :
+       std::vector<std::string>{"garbage", "1.2.3.4", "for", "for=", "for=unknown", "for=_hidden", "for=\"",
+                                "for=\"[::1\"", "for=1.2.3.4;for=5.6.7.8", "for=\"a\\\"", "=1.2.3.4", "for==1.2.3.4",
+                                "by=1.2.3.4", "for=1.2.3.4,", "\"for=1.2.3.4"}) {
     EXPECT_EQ(fwd("10.0.0.1", h), "none") << "forwarded '" << h << "'";
   }
   EXPECT_EQ(of("10.0.0.1", std::string(9000, '1')), "none");  // one hop over 256 bytes
@@ -310,7 +335,9 @@ TEST_F(middleware_test, RefusalBodiesAndCodes) {
   outcome o = run(*m, "GET", "/notes", &alice);
   EXPECT_EQ(o.action, outcome::action::refuse);
   EXPECT_EQ(o.status, 429);
-  EXPECT_EQ(o.body, "{\"code\": \"too_many_requests\", \"message\": \"rate limit exceeded; retry in 2 s\", \"retry_after\": 2}");
+  EXPECT_EQ(
+      o.body,
+      "{\"code\": \"too_many_requests\", \"message\": \"rate limit exceeded; retry in 2 s\", \"retry_after\": 2}");
   bool retry_after = false;
   for (const auto& h : o.headers) retry_after |= h.name == "Retry-After" && h.value == "2";
   EXPECT_TRUE(retry_after);
@@ -320,8 +347,12 @@ TEST_F(middleware_test, RefusalBodiesAndCodes) {
   EXPECT_NE(o.body.find("\"code\": \"quota_exceeded\""), std::string::npos) << o.body;
   EXPECT_NE(o.body.find("\"retry_after\": 3600"), std::string::npos) << o.body;
 
-  fake->script.push_back(decision{.allowed = false, .limit = 100, .retry_after = 1s, .dual_layer = true,
-                                  .rejected_by = layer::tenant, .binding = layer::tenant});
+  fake->script.push_back(decision{.allowed = false,
+                                  .limit = 100,
+                                  .retry_after = 1s,
+                                  .dual_layer = true,
+                                  .rejected_by = layer::tenant,
+                                  .binding = layer::tenant});
   o = run(*m, "GET", "/tenant", &alice);
   EXPECT_NE(o.body.find("tenant rate limit exceeded"), std::string::npos) << o.body;
 
@@ -480,7 +511,9 @@ TEST(MiddlewareMemory, LongIdentityCannotBypassTheLimit) {
 // reply is outstanding.
 class deferred_backend : public backend {
  public:
-  result<decision> check(const check_request&) override { return decision{.allowed = true, .limit = 60, .remaining = 59}; }
+  result<decision> check(const check_request&) override {
+    return decision{.allowed = true, .limit = 60, .remaining = 59};
+  }
   void async_check(const check_request& req, check_handler handler) override {
     keys.emplace_back(req.key);
     handlers.push_back(std::move(handler));
@@ -499,7 +532,8 @@ TEST(MiddlewareLifetime, InFlightAsyncCheckKeepsTheMiddlewareAlive) {
   std::shared_ptr<middleware> mw = *m;
   std::weak_ptr<middleware> watch = mw;
   std::optional<outcome> got;
-  mw->check_async(mw->prepare(*mw->find("GET", "/x"), {.peer = "192.0.2.1"}, nullptr), [&](outcome o) { got = std::move(o); });
+  mw->check_async(mw->prepare(*mw->find("GET", "/x"), {.peer = "192.0.2.1"}, nullptr),
+                  [&](outcome o) { got = std::move(o); });
   ASSERT_EQ(b->handlers.size(), 1u);
 
   // Its owners replace the middleware while the check is in flight (a reload, a new limiter).
@@ -530,7 +564,8 @@ TEST_F(middleware_test, DualLayerIdentifiedCallersUseTheirTenant) {
   opts.routes.push_back({.path = "/d/user", .rule = "dual", .key = key_by::user});
   auto m = make(opts);
   // The adapters ask for the identity on every dual-layer route.
-  for (const char* path : {"/d/key", "/d/ip", "/d/all", "/d/user"}) EXPECT_TRUE(m->needs_identity(*m->find("GET", path))) << path;
+  for (const char* path : {"/d/key", "/d/ip", "/d/all", "/d/user"})
+    EXPECT_TRUE(m->needs_identity(*m->find("GET", path))) << path;
   EXPECT_FALSE(m->needs_identity(*m->find("GET", "/public")));
 
   identity keyed{.tenant = "acme", .api_key = "k1"};
@@ -575,7 +610,8 @@ TEST(MiddlewareMemory, AnonymousFloodDoesNotRefuseIdentifiedTenants) {
     return (*m)->check((*m)->prepare(*(*m)->find("GET", "/api"), {.peer = peer}, who)).action;
   };
   int anonymous_admitted = 0;
-  for (int i = 0; i < 50; ++i) anonymous_admitted += run(nullptr, "198.51.100." + std::to_string(i + 1)) != outcome::action::refuse;
+  for (int i = 0; i < 50; ++i)
+    anonymous_admitted += run(nullptr, "198.51.100." + std::to_string(i + 1)) != outcome::action::refuse;
   EXPECT_EQ(anonymous_admitted, 10);  // the anonymous tenant's budget
   identity acme{.tenant = "acme", .api_key = "k1"};
   EXPECT_EQ(run(&acme, "192.0.2.1"), outcome::action::admit);
@@ -584,14 +620,20 @@ TEST(MiddlewareMemory, AnonymousFloodDoesNotRefuseIdentifiedTenants) {
 // The refusal message follows decision::binding, the same layer the header figures report.
 TEST_F(middleware_test, RefusalWordingFollowsTheBindingLayer) {
   auto opts = options();
-  opts.rules.push_back({.name = "dq", .limit = token_bucket_policy(per_second(5), 60), .tenant = fixed_window_policy(1000, 24h)});
+  opts.rules.push_back(
+      {.name = "dq", .limit = token_bucket_policy(per_second(5), 60), .tenant = fixed_window_policy(1000, 24h)});
   opts.routes.insert(opts.routes.begin(), {.path = "/dq", .rule = "dq"});
   opts.headers.ietf_fields = true;
   auto m = make(opts);
   identity alice{.user = "alice", .tenant = "acme"};
 
-  fake->script.push_back(decision{.allowed = false, .limit = 1000, .retry_after = 3600s, .reset_after = 3600s,
-                                  .dual_layer = true, .rejected_by = layer::tenant, .binding = layer::tenant});
+  fake->script.push_back(decision{.allowed = false,
+                                  .limit = 1000,
+                                  .retry_after = 3600s,
+                                  .reset_after = 3600s,
+                                  .dual_layer = true,
+                                  .rejected_by = layer::tenant,
+                                  .binding = layer::tenant});
   outcome o = run(*m, "GET", "/dq", &alice);
   EXPECT_NE(o.body.find("\"code\": \"quota_exceeded\""), std::string::npos) << o.body;
   EXPECT_NE(o.body.find("tenant quota exhausted"), std::string::npos) << o.body;
@@ -599,15 +641,24 @@ TEST_F(middleware_test, RefusalWordingFollowsTheBindingLayer) {
   for (const auto& h : o.headers) tenant_window |= h.name == "RateLimit-Policy" && h.value == "\"dq\";q=1000;w=86400";
   EXPECT_TRUE(tenant_window);
 
-  fake->script.push_back(decision{.allowed = false, .limit = 60, .retry_after = 1s, .reset_after = 12s,
-                                  .dual_layer = true, .rejected_by = layer::user, .binding = layer::user});
+  fake->script.push_back(decision{.allowed = false,
+                                  .limit = 60,
+                                  .retry_after = 1s,
+                                  .reset_after = 12s,
+                                  .dual_layer = true,
+                                  .rejected_by = layer::user,
+                                  .binding = layer::user});
   o = run(*m, "GET", "/dq", &alice);
   EXPECT_NE(o.body.find("\"code\": \"too_many_requests\""), std::string::npos) << o.body;
   EXPECT_EQ(o.body.find("tenant"), std::string::npos) << o.body;
   // The wording reads `binding` alone (a backend that reports the tenant layer as binding without
   // naming a refusing layer still gets the tenant's wording, matching its header figures).
-  fake->script.push_back(decision{.allowed = false, .limit = 1000, .retry_after = 3600s, .reset_after = 3600s,
-                                  .dual_layer = true, .binding = layer::tenant});
+  fake->script.push_back(decision{.allowed = false,
+                                  .limit = 1000,
+                                  .retry_after = 3600s,
+                                  .reset_after = 3600s,
+                                  .dual_layer = true,
+                                  .binding = layer::tenant});
   o = run(*m, "GET", "/dq", &alice);
   EXPECT_NE(o.body.find("tenant quota exhausted"), std::string::npos) << o.body;
 }

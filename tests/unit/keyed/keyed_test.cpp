@@ -38,7 +38,8 @@ TEST(KeyedLimiter, LongAndBinaryKeysAreDistinct) {
   std::string long_b = long_a;
   long_b.back() = 'b';
   const std::string binary("\0\xff\x01", 3);
-  for (const std::string& key : {long_a, long_b, binary, std::string("a"), std::string(15, 'x'), std::string(16, 'x')}) {
+  for (const std::string& key :
+       {long_a, long_b, binary, std::string("a"), std::string(15, 'x'), std::string(16, 'x')}) {
     EXPECT_TRUE(acquire(*k, key, t0).allowed) << key.size();
     EXPECT_FALSE(acquire(*k, key, t0).allowed) << key.size();
   }
@@ -103,7 +104,8 @@ TEST(KeyedLimiter, KeyFloodDoesNotForgiveAUserAtTheLimit) {
 }
 
 TEST(KeyedLimiter, WhenFullRefuseRefusesNewKeysUntilOneIsIdle) {
-  auto made = keyed_limiter::create({.policy = sliding_window_policy(1, 10s), .max_keys = 16, .when_full = when_full::refuse});
+  auto made =
+      keyed_limiter::create({.policy = sliding_window_policy(1, 10s), .max_keys = 16, .when_full = when_full::refuse});
   ASSERT_TRUE(made.ok());
   auto& k = **made;
   for (int i = 0; i < 16; ++i) ASSERT_TRUE(k.try_acquire("k" + std::to_string(i), t0)->allowed);
@@ -131,7 +133,7 @@ TEST(KeyedLimiter, DualLayerAcrossKeys) {
   EXPECT_TRUE(check("acme", "bob").allowed);
   decision tenant_full = check("acme", "carol");
   EXPECT_EQ(tenant_full.rejected_by, layer::tenant);
-  EXPECT_EQ(tenant_full.user.remaining, 3);  // carol's own layer untouched
+  EXPECT_EQ(tenant_full.user.remaining, 3);      // carol's own layer untouched
   EXPECT_TRUE(check("other", "alice").allowed);  // another tenant, another alice
   // (tenant, user) pairs cannot collide by concatenation.
   EXPECT_TRUE(check("ab", "c").allowed);
@@ -168,7 +170,6 @@ TEST(SipHash, ReferenceVectors) {
   EXPECT_EQ((siphash<2, 4>(key, std::string_view(message.data(), 8))), 0x93f5f5799a932462ULL);
   EXPECT_EQ((siphash<2, 4>(key, message)), 0xa129ca6149be45e5ULL);
 }
-
 
 // A limit changed at run time keeps what each key used: windows keep their counts under the new
 // limit, a token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst).

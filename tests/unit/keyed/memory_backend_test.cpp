@@ -17,7 +17,8 @@ class MemoryBackend : public ::testing::Test {
   testing::simulated_clock clock_;
   std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_, .max_keys_per_rule = 1000}).value();
   rule api_{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
-  rule tenant_api_{.name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)};
+  rule tenant_api_{
+      .name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)};
 };
 
 // Bad options are refused with a message naming the option; nothing is silently replaced.
@@ -25,7 +26,8 @@ TEST(MemoryBackendFactory, RefusesBadOptions) {
   auto no_keys = make_memory_backend({.max_keys_per_rule = 0});
   ASSERT_FALSE(no_keys.ok());
   EXPECT_EQ(no_keys.error(), errc::invalid_argument);
-  EXPECT_NE(no_keys.error().message.find("max_keys_per_rule must be >= 1"), std::string::npos) << no_keys.error().message;
+  EXPECT_NE(no_keys.error().message.find("max_keys_per_rule must be >= 1"), std::string::npos)
+      << no_keys.error().message;
   auto no_clock = make_memory_backend({.clock = nullptr});
   ASSERT_FALSE(no_clock.ok());
   EXPECT_EQ(no_clock.error(), errc::invalid_argument);

@@ -113,7 +113,8 @@ TEST(PrepareScript, TokenBucketParametersAreIntegerNanoseconds) {
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "b", .limit = token_bucket_policy(per_second(5), 60)}).params),
             (std::vector<std::string>{std::to_string(g.interval_ns), std::to_string(g.tolerance_ns), "60"}));
   // An infinite rate: interval 0.
-  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "i", .limit = token_bucket_policy(rate::infinite(), 3)}).params)[0], "0");
+  EXPECT_EQ(decode("*3\r\n" + prepared({.name = "i", .limit = token_bucket_policy(rate::infinite(), 3)}).params)[0],
+            "0");
 }
 
 TEST(PrepareScript, WindowsAreWholeMicrosecondsRoundedUpAndCapped) {
@@ -130,7 +131,8 @@ TEST(PrepareScript, WindowsAreWholeMicrosecondsRoundedUpAndCapped) {
 }
 
 TEST(PrepareScript, DualLayerSendsTheTenantFirst) {
-  const rule r{.name = "d", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1000), 6)};
+  const rule r{
+      .name = "d", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1000), 6)};
   prepared_script p = prepared(r);
   EXPECT_TRUE(p.dual);
   EXPECT_EQ(p.script, dual_script(algorithm::token_bucket, algorithm::sliding_window_log));
@@ -147,9 +149,13 @@ TEST(PrepareScript, RefusesWhatItCannotComputeExactly) {
   const bad_case cases[] = {
       {{.name = "zero", .limit = sliding_window_policy(0, 1s)}, "limit must be > 0"},
       {{.name = "fast", .limit = token_bucket_policy(per_second(2e6), 10)}, "rule 'fast': rate 2000000 per second"},
-      {{.name = "big", .limit = fixed_window_policy((std::int64_t{1} << 53) + 1, 1s)}, "rule 'big': limit 9007199254740993"},
-      {{.name = "deep", .limit = token_bucket_policy(per_second(1), (std::int64_t{1} << 53) + 1)}, "rule 'deep': burst"},
-      {{.name = "t", .limit = sliding_window_policy(1, 1s), .tenant = sliding_window_policy((std::int64_t{1} << 53) + 1, 1s)},
+      {{.name = "big", .limit = fixed_window_policy((std::int64_t{1} << 53) + 1, 1s)},
+       "rule 'big': limit 9007199254740993"},
+      {{.name = "deep", .limit = token_bucket_policy(per_second(1), (std::int64_t{1} << 53) + 1)},
+       "rule 'deep': burst"},
+      {{.name = "t",
+        .limit = sliding_window_policy(1, 1s),
+        .tenant = sliding_window_policy((std::int64_t{1} << 53) + 1, 1s)},
        "rule 't' tenant layer: limit"},
   };
   for (const bad_case& c : cases) {
@@ -159,7 +165,8 @@ TEST(PrepareScript, RefusesWhatItCannotComputeExactly) {
     EXPECT_NE(p.error().message.find(c.message), std::string::npos) << p.error().message;
   }
   // The largest exact values pass.
-  EXPECT_TRUE(prepare_script({.name = "ok", .limit = token_bucket_policy(per_second(1e6), std::int64_t{1} << 53)}).ok());
+  EXPECT_TRUE(
+      prepare_script({.name = "ok", .limit = token_bucket_policy(per_second(1e6), std::int64_t{1} << 53)}).ok());
 }
 
 // --- evalsha_command, eval_command ----------------------------------------------------------------
@@ -169,9 +176,10 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   prepared_script p = prepared(r);
   command c = evalsha_command(p, r, {.rule = &r, .key = "user:42", .cost = 3}, "app:", -1, 123456);
   const auto& s = scripts()[p.script];
-  EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", s.sha1, "1",
-                                                      single_key("app:", "api", "user:42", algorithm::sliding_window_log),
-                                                      "-1", "3", "100", "60000000", "0", "123456"}));
+  EXPECT_EQ(decode(c.text),
+            (std::vector<std::string>{"EVALSHA", s.sha1, "1",
+                                      single_key("app:", "api", "user:42", algorithm::sliding_window_log), "-1", "3",
+                                      "100", "60000000", "0", "123456"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
   // A test clock's `now`, no deadline.
@@ -185,11 +193,10 @@ TEST(EvalshaCommand, DualLayerArguments) {
   const rule r{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
   prepared_script p = prepared(r);
   command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
-  EXPECT_EQ(decode(c.text),
-            (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
-                                      tenant_key("sluice:", "d", "acme", algorithm::fixed_window),
-                                      user_key("sluice:", "d", "acme", "bob", algorithm::fixed_window), "-1", "1", "10",
-                                      "60000000", "0", "3", "60000000", "0", "-1"}));
+  EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
+                                                      tenant_key("sluice:", "d", "acme", algorithm::fixed_window),
+                                                      user_key("sluice:", "d", "acme", "bob", algorithm::fixed_window),
+                                                      "-1", "1", "10", "60000000", "0", "3", "60000000", "0", "-1"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
 }
 
@@ -211,7 +218,8 @@ TEST(EvalCommand, SendsTheBodyInPlaceOfTheHash) {
   ASSERT_EQ(eval.size(), sha.size());
   EXPECT_EQ(eval[0], "EVAL");
   EXPECT_EQ(eval[1], scripts()[p.script].body);
-  EXPECT_EQ(std::vector<std::string>(eval.begin() + 2, eval.end()), std::vector<std::string>(sha.begin() + 2, sha.end()));
+  EXPECT_EQ(std::vector<std::string>(eval.begin() + 2, eval.end()),
+            std::vector<std::string>(sha.begin() + 2, sha.end()));
 }
 
 TEST(OomProbeCommand, EvalOfAWritingScriptThatWritesNothing) {
@@ -268,22 +276,22 @@ TEST(ParseReply, HostileShapesAreProtocolErrors) {
   prepared_script single = prepared(single_rule);
   prepared_script dual = prepared(dual_rule);
   const std::vector<redisReply*> bad_single = {
-      b.integer(1),                                                   // not an array
-      b.string("1 59 0 0 0"),                                         // a string
-      b.string("ERR boom", REDIS_REPLY_ERROR),                        // an error
-      b.string("OK", REDIS_REPLY_STATUS),                             // a status
-      b.nil(),                                                        // nil
-      b.array({}),                                                    // empty
-      b.integers({1, 59, 0, 200'000}),                                // short: no time
-      b.integers({1, 59, 0, 200'000, now_us, 7}),                     // long
-      b.integers({-1, now_us}),                                       // the expired reply
-      b.integers({2, 59, 0, 0, now_us}),                              // allowed is not 0 or 1
-      b.integers({-1, 59, 0, 0, now_us}),                             //
-      b.integers({std::numeric_limits<long long>::max(), 1, 1, 1, now_us}),  //
+      b.integer(1),                                                                            // not an array
+      b.string("1 59 0 0 0"),                                                                  // a string
+      b.string("ERR boom", REDIS_REPLY_ERROR),                                                 // an error
+      b.string("OK", REDIS_REPLY_STATUS),                                                      // a status
+      b.nil(),                                                                                 // nil
+      b.array({}),                                                                             // empty
+      b.integers({1, 59, 0, 200'000}),                                                         // short: no time
+      b.integers({1, 59, 0, 200'000, now_us, 7}),                                              // long
+      b.integers({-1, now_us}),                                                                // the expired reply
+      b.integers({2, 59, 0, 0, now_us}),                                                       // allowed is not 0 or 1
+      b.integers({-1, 59, 0, 0, now_us}),                                                      //
+      b.integers({std::numeric_limits<long long>::max(), 1, 1, 1, now_us}),                    //
       b.array({b.integer(1), b.string("59"), b.integer(0), b.integer(0), b.integer(now_us)}),  // a string element
       b.array({b.integer(1), b.nil(), b.integer(0), b.integer(0), b.integer(now_us)}),         // a nil element
       b.array({b.integer(1), b.integers({59}), b.integer(0), b.integer(0), b.integer(now_us)}),  // nested
-      b.integers({1, 9, 0, 0, 1, 2, 0, 0, now_us}),                   // a dual reply to a single rule
+      b.integers({1, 9, 0, 0, 1, 2, 0, 0, now_us}),  // a dual reply to a single rule
   };
   for (std::size_t i = 0; i < bad_single.size(); ++i) {
     auto d = parse_reply(single, *bad_single[i]);
@@ -292,10 +300,10 @@ TEST(ParseReply, HostileShapesAreProtocolErrors) {
     EXPECT_EQ(d.error().message, "unexpected reply from the rate-limit script") << "case " << i;
   }
   const std::vector<redisReply*> bad_dual = {
-      b.integers({1, 59, 0, 200'000, now_us}),             // a single reply to a dual rule
-      b.integers({1, 9, 0, 0, 1, 2, 0, 0}),                // short
-      b.integers({3, 9, 0, 0, 1, 2, 0, 0, now_us}),        // tenant allowed not 0 or 1
-      b.integers({1, 9, 0, 0, -1, 2, 0, 0, now_us}),       // user allowed not 0 or 1
+      b.integers({1, 59, 0, 200'000, now_us}),        // a single reply to a dual rule
+      b.integers({1, 9, 0, 0, 1, 2, 0, 0}),           // short
+      b.integers({3, 9, 0, 0, 1, 2, 0, 0, now_us}),   // tenant allowed not 0 or 1
+      b.integers({1, 9, 0, 0, -1, 2, 0, 0, now_us}),  // user allowed not 0 or 1
       b.array({b.integer(1), b.integer(9), b.integer(0), b.integer(0), b.string("1"), b.integer(2), b.integer(0),
                b.integer(0), b.integer(now_us)}),
       b.integer(0),
@@ -376,17 +384,17 @@ TEST(ParseTimeReply, SecondsAndMicroseconds) {
   EXPECT_EQ(parse_time_reply(*b.array({b.string("0"), b.string("0")})), 0);
   EXPECT_EQ(parse_time_reply(*b.array({b.string("1700000000"), b.string("999999")})), 1'700'000'000'999'999);
   const std::vector<redisReply*> bad = {
-      b.array({b.string("1700000000")}),                                      // short
-      b.array({b.string("1"), b.string("2"), b.string("3")}),                 // long
-      b.array({b.integer(1700000000), b.integer(5)}),                         // integers
-      b.array({b.string("-1"), b.string("0")}),                               // negative seconds
-      b.array({b.string("1"), b.string("-1")}),                               // negative µs
-      b.array({b.string("1"), b.string("1000000")}),                          // µs of another second
-      b.array({b.string("1"), b.string("9223372036854775807")}),              // would overflow
-      b.array({b.string(std::to_string((1LL << 40) + 1)), b.string("0")}),    // beyond 2^40 s
-      b.array({b.string("99999999999999999999"), b.string("0")}),             // out of range
-      b.array({b.string("abc"), b.string("0")}),                              // not a number
-      b.array({b.string(""), b.string("0")}),                                 // empty
+      b.array({b.string("1700000000")}),                                    // short
+      b.array({b.string("1"), b.string("2"), b.string("3")}),               // long
+      b.array({b.integer(1700000000), b.integer(5)}),                       // integers
+      b.array({b.string("-1"), b.string("0")}),                             // negative seconds
+      b.array({b.string("1"), b.string("-1")}),                             // negative µs
+      b.array({b.string("1"), b.string("1000000")}),                        // µs of another second
+      b.array({b.string("1"), b.string("9223372036854775807")}),            // would overflow
+      b.array({b.string(std::to_string((1LL << 40) + 1)), b.string("0")}),  // beyond 2^40 s
+      b.array({b.string("99999999999999999999"), b.string("0")}),           // out of range
+      b.array({b.string("abc"), b.string("0")}),                            // not a number
+      b.array({b.string(""), b.string("0")}),                               // empty
       b.string("1700000000 0"),
       b.nil(),
   };

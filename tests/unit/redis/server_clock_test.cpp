@@ -27,7 +27,7 @@ TEST(ServerClock, NoDeadlineUntilAnOffsetIsKnown) {
 // and the largest one is the tightest bound.
 TEST(ServerClock, KeepsTheLargestSampleOfTheLastOneToTwoSeconds) {
   server_clock c;
-  c.observe(local0 + 700, local0);           // offset 700
+  c.observe(local0 + 700, local0);              // offset 700
   c.observe(local0 + 100 + 900, local0 + 100);  // 900
   c.observe(local0 + 200 + 300, local0 + 200);  // 300: a slower reply, a looser bound
   EXPECT_EQ(c.offset_us(), 900);

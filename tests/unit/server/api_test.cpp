@@ -67,12 +67,27 @@ TEST(CheckBody, DualLayer) {
 
 TEST(CheckBody, Errors) {
   config c = test_config();
-  for (const char* body : {"", "{", "[]", "1", "null", R"({"key":1})", R"({"key":"k","cost":"1"})",
-                           R"({"key":"k","cost":1.0})", R"({"key":"k","cost":0})", R"({"key":"k","cost":-1})",
-                           R"({"key":"k","cost":6})", R"({"key":"k","cost":18446744073709551615})", R"({})",
-                           R"({"key":""})", R"({"key":"k","x":1})", R"({"rule":"t","key":"k"})",
-                           R"({"rule":"t","tenant":"a"})", R"({"key":"k","tenant":"a"})", R"({"checks":[]})",
-                           R"({"checks":{}})", R"({"checks":[{"key":"a"}],"key":"b"})"}) {
+  for (const char* body : {"",
+                           "{",
+                           "[]",
+                           "1",
+                           "null",
+                           R"({"key":1})",
+                           R"({"key":"k","cost":"1"})",
+                           R"({"key":"k","cost":1.0})",
+                           R"({"key":"k","cost":0})",
+                           R"({"key":"k","cost":-1})",
+                           R"({"key":"k","cost":6})",
+                           R"({"key":"k","cost":18446744073709551615})",
+                           R"({})",
+                           R"({"key":""})",
+                           R"({"key":"k","x":1})",
+                           R"({"rule":"t","key":"k"})",
+                           R"({"rule":"t","tenant":"a"})",
+                           R"({"key":"k","tenant":"a"})",
+                           R"({"checks":[]})",
+                           R"({"checks":{}})",
+                           R"({"checks":[{"key":"a"}],"key":"b"})"}) {
     api_error e = error_of(body, c);
     EXPECT_EQ(e.status, 400) << body;
     EXPECT_EQ(e.code, "invalid_request") << body;
@@ -106,10 +121,18 @@ TEST(Render, Decision) {
   config c = test_config();
   decision d{.allowed = false, .limit = 3, .remaining = 0, .retry_after = 1500us, .reset_after = 60s};
   json j = json::parse(render_decision(*c.find_rule("ai"), d));
-  EXPECT_EQ(j, json::parse(
-                   R"({"allowed":false,"rule":"ai","limit":3,"remaining":0,"retry_after_ms":2,"reset_after_ms":60000})"));
-  decision dual{.allowed = false, .limit = 2, .remaining = 0, .retry_after = 1s, .reset_after = 60s,
-                .dual_layer = true, .rejected_by = layer::tenant, .tenant = {10, 0}, .user = {2, 1}};
+  EXPECT_EQ(j,
+            json::parse(
+                R"({"allowed":false,"rule":"ai","limit":3,"remaining":0,"retry_after_ms":2,"reset_after_ms":60000})"));
+  decision dual{.allowed = false,
+                .limit = 2,
+                .remaining = 0,
+                .retry_after = 1s,
+                .reset_after = 60s,
+                .dual_layer = true,
+                .rejected_by = layer::tenant,
+                .tenant = {10, 0},
+                .user = {2, 1}};
   j = json::parse(render_decision(*c.find_rule("t"), dual));
   EXPECT_EQ(j["layers"], json::parse(R"({"tenant":{"limit":10,"remaining":0},"user":{"limit":2,"remaining":1}})"));
   EXPECT_EQ(j["rejected_by"], "tenant");

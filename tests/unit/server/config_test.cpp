@@ -102,7 +102,8 @@ name = "c"
 algorithm = "sliding_window_counter"
 limit = 7
 window = "250ms"
-)", "full.toml");
+)",
+                        "full.toml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->server.listen, "0.0.0.0:9090");
   EXPECT_EQ(c->server.threads, 3u);
@@ -127,8 +128,9 @@ window = "250ms"
 }
 
 TEST(Config, BothFormsInOneFile) {
-  auto c = parse_config(std::string(seed) + "\n[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 1.5\nburst = 3\n",
-                        "both.toml");
+  auto c = parse_config(
+      std::string(seed) + "\n[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 1.5\nburst = 3\n",
+      "both.toml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   ASSERT_EQ(c->rules.size(), 2u);
   EXPECT_EQ(c->rules[0].name, "default");
@@ -180,11 +182,13 @@ TEST(Config, RuleErrors) {
   expect_error(replace(api, "rate = 5", "rate = 0"), "t.toml:4:8: rate must be a number > 0");
   expect_error(replace(api, "rate = 5", "rate = nan"), "t.toml:4:8: rate must be a number > 0");
   expect_error(replace(api, "rate = 5", "rate = inf"), "t.toml:4:8: rate must be a number > 0");
-  expect_error(replace(api, "rate = 5", "window = 5"), "t.toml:4:1: unknown key 'window' in [[rules]] (algorithm token_bucket");
+  expect_error(replace(api, "rate = 5", "window = 5"),
+               "t.toml:4:1: unknown key 'window' in [[rules]] (algorithm token_bucket");
   expect_error(replace(api, "rate = 5\n", ""), "t.toml:1:1: [[rules]] is missing 'rate'");
   expect_error(replace(api, "name = \"api\"", "name = \"a b\""), "t.toml:2:8: name must be 1 to 64 characters");
   expect_error(replace(api, "name = \"api\"\n", ""), "t.toml:1:1: [[rules]] is missing 'name'");
-  expect_error(std::string(seed) + replace(api, "\"api\"", "\"default\""), "t.toml:9:8: duplicate rule name \"default\"");
+  expect_error(std::string(seed) + replace(api, "\"api\"", "\"default\""),
+               "t.toml:9:8: duplicate rule name \"default\"");
   const std::string dual =
       "[[rules]]\nname = \"d\"\nalgorithm = \"sliding_window\"\nwindow = 60\ntenant_limit = 10\nuser_limit = 5\n";
   ASSERT_TRUE(parse_config(dual, "t.toml").ok());
@@ -232,7 +236,8 @@ name = "api"
 algorithm = "fixed_window"
 limit = 5
 window = 60
-)", "b.toml");
+)",
+                        "b.toml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   const redis_options& r = c->backend.redis;
   EXPECT_EQ(r.addresses, (std::vector<std::string>{"10.0.0.1:6379", "unix:/run/redis.sock"}));
@@ -331,9 +336,10 @@ TEST(Config, NonAsciiBetweenTokensIsAnError) {
     EXPECT_EQ(c.error().message.rfind("t.toml:", 0), 0u) << c.error().message;
   }
   // Inside strings (also after a line-ending backslash) and comments any character is fine.
-  auto ok = parse_config("# r\xc3\xa8gle\n[[rules]]\nname = \"api\" # \xc9\xb1\nalgorithm = 'token_bucket'\nrate = 1\nburst = 2\n"
-                         "[backend]\nkey_prefix = \"\"\"a\\\n  \xc9\xb1\"\"\"\n",
-                         "t.toml");
+  auto ok = parse_config(
+      "# r\xc3\xa8gle\n[[rules]]\nname = \"api\" # \xc9\xb1\nalgorithm = 'token_bucket'\nrate = 1\nburst = 2\n"
+      "[backend]\nkey_prefix = \"\"\"a\\\n  \xc9\xb1\"\"\"\n",
+      "t.toml");
   ASSERT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_EQ(ok->backend.redis.key_prefix, "a\xc9\xb1");
 }
@@ -369,8 +375,9 @@ TEST(Config, EtcdSection) {
   auto none = parse_config(rule, "t.toml");
   ASSERT_TRUE(none.ok()) << none.error().message;
   EXPECT_FALSE(none->etcd.enabled);
-  auto c = parse_config(rule + "[etcd]\nendpoints = [\"127.0.0.1:2379\", \"[::1]:2379\"]\nprefix = \"/limits/\"\n"
-                               "username = \"u\"\npassword = \"p\"\nca_file = \"ca.pem\"\ndial_timeout_ms = 500\n",
+  auto c = parse_config(rule +
+                            "[etcd]\nendpoints = [\"127.0.0.1:2379\", \"[::1]:2379\"]\nprefix = \"/limits/\"\n"
+                            "username = \"u\"\npassword = \"p\"\nca_file = \"ca.pem\"\ndial_timeout_ms = 500\n",
                         "t.toml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_TRUE(c->etcd.enabled);
@@ -395,7 +402,8 @@ TEST(Config, EtcdSection) {
 
 // An etcd value holds the fields of a [[rules]] table, with the same validation and messages.
 TEST(Config, RuleFromJson) {
-  auto r = parse_rule_json("tenant_api", R"({"algorithm":"sliding_window","window":"60s","tenant_limit":1000,"user_limit":100})",
+  auto r = parse_rule_json("tenant_api",
+                           R"({"algorithm":"sliding_window","window":"60s","tenant_limit":1000,"user_limit":100})",
                            "etcd /sluice/rules/tenant_api");
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->name, "tenant_api");
@@ -417,7 +425,8 @@ TEST(Config, RuleFromJson) {
 TEST(Config, Overrides) {
   const std::string rules =
       "[[rules]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nrate = 5\nburst = 10\n"
-      "[[rules]]\nname = \"tenant_api\"\nalgorithm = \"sliding_window\"\nwindow = \"60s\"\ntenant_limit = 100\nuser_limit = 10\n"
+      "[[rules]]\nname = \"tenant_api\"\nalgorithm = \"sliding_window\"\nwindow = \"60s\"\ntenant_limit = "
+      "100\nuser_limit = 10\n"
       "[[rules]]\nname = \"quota\"\nalgorithm = \"fixed_window\"\nwindow = \"1h\"\nlimit = 3\n";
   auto c = parse_config(rules +
                             "[[overrides]]\nrule = \"api\"\nkey = \"user:42\"\nrate = 50\nburst = 100\n"
@@ -444,18 +453,21 @@ TEST(Config, Overrides) {
            {"[[overrides]]\nrule = \"api\"\nkey = \"k\"\nlimit = 1\n", "limit does not apply"},
            {"[[overrides]]\nrule = \"api\"\ntenant = \"t\"\nrate = 1\n", "single-layer"},
            {"[[overrides]]\nrule = \"tenant_api\"\nkey = \"k\"\nuser_limit = 1\n", "dual-layer"},
-           {"[[overrides]]\nrule = \"tenant_api\"\ntenant = \"t\"\nuser = \"u\"\ntenant_limit = 1\n", "tenant_limit does not apply"},
+           {"[[overrides]]\nrule = \"tenant_api\"\ntenant = \"t\"\nuser = \"u\"\ntenant_limit = 1\n",
+            "tenant_limit does not apply"},
            {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\n", "missing 'a limit'"},
            {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 0\n", "limit must be between"},
            {"[[overrides]]\nrule = \"quota\"\nkey = \"\"\nlimit = 2\n", "key must not be empty"},
-           {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 2\n[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 3\n",
+           {"[[overrides]]\nrule = \"quota\"\nkey = \"k\"\nlimit = 2\n[[overrides]]\nrule = \"quota\"\nkey = "
+            "\"k\"\nlimit = 3\n",
             "a second override of the same key"},
            {"[[overrides]]\nrule = \"quota\"\nuser = \"u\"\nlimit = 2\n", "user needs tenant"}}) {
     auto r = parse_config(rules + bad, "t.toml");
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
   }
-  auto json = parse_override_json(R"({"rule":"api","key":"user:42","rate":50,"burst":100})", "etcd /sluice/overrides/x");
+  auto json =
+      parse_override_json(R"({"rule":"api","key":"user:42","rate":50,"burst":100})", "etcd /sluice/overrides/x");
   ASSERT_TRUE(json.ok()) << json.error().message;
   EXPECT_EQ(json->target(), c->overrides[0].target());
   EXPECT_FALSE(parse_override_json(R"({"rule":"api","key":"k","burst":[1]})", "e").ok());

@@ -51,13 +51,15 @@ TEST(Metrics, TenantLabelsAreCappedAndEscaped) {
 }
 
 TEST(Metrics, MiddlewareCountersInTheSameFormat) {
-  std::vector<http::rule_counters> counters{{.rule = "api", .admitted = 7, .refused = 2, .backend_errors = 1, .invalid = 1},
-                                            {.rule = "we\"ird", .admitted = 0}};
+  std::vector<http::rule_counters> counters{
+      {.rule = "api", .admitted = 7, .refused = 2, .backend_errors = 1, .invalid = 1},
+      {.rule = "we\"ird", .admitted = 0}};
   std::string text = http::render_prometheus(counters);
   EXPECT_NE(text.find("# TYPE sluice_middleware_requests_total counter\n"), std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"admitted\"} 7\n"), std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"refused\"} 2\n"), std::string::npos);
-  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"backend_error\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"backend_error\"} 1\n"),
+            std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"invalid\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("{rule=\"we\\\"ird\",result=\"admitted\"} 0\n"), std::string::npos) << text;
 }
@@ -112,7 +114,9 @@ TEST(Metrics, ShardsFromManyThreadsSumExactly) {
   for (int i = 0; i < 20; ++i) EXPECT_NE(m.render({}).find("sluice_checks_total"), std::string::npos);
   for (auto& th : pool) th.join();
   std::string t = m.render({});
-  EXPECT_TRUE(has_line(t, "sluice_checks_total{rule=\"api\",result=\"allowed\"} " + std::to_string(threads * per_thread))) << t;
+  EXPECT_TRUE(
+      has_line(t, "sluice_checks_total{rule=\"api\",result=\"allowed\"} " + std::to_string(threads * per_thread)))
+      << t;
   EXPECT_TRUE(has_line(t, "sluice_check_duration_seconds_count{rule=\"t\"} " + std::to_string(threads * per_thread)));
   EXPECT_TRUE(has_line(t, "sluice_http_responses_total{code=\"200\"} " + std::to_string(threads * per_thread)));
   // Three tenants got labels, the other two count as "other"; the sum is every refusal.

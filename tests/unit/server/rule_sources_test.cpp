@@ -19,7 +19,8 @@ rule file_rule(std::string name, std::int64_t limit) {
 TEST(EtcdRules, ValidRuleIsTakenWithItsRevision) {
   auto rules = make();
   bool changed = false;
-  auto rejected = rules.apply({{"rules/api", R"({"algorithm":"sliding_window","limit":100,"window":"60s"})", 7}}, changed);
+  auto rejected =
+      rules.apply({{"rules/api", R"({"algorithm":"sliding_window","limit":100,"window":"60s"})", 7}}, changed);
   EXPECT_TRUE(rejected.empty());
   EXPECT_TRUE(changed);
   ASSERT_EQ(rules.rules().size(), 1u);
@@ -79,7 +80,8 @@ TEST(EtcdRules, RuleTheBackendRefusesIsRejected) {
     return {};
   });
   bool changed = false;
-  auto rejected = rules.apply({{"rules/api", R"({"algorithm":"fixed_window","limit":5000,"window":"1s"})", 2}}, changed);
+  auto rejected =
+      rules.apply({{"rules/api", R"({"algorithm":"fixed_window","limit":5000,"window":"1s"})", 2}}, changed);
   ASSERT_EQ(rejected.size(), 1u);
   EXPECT_NE(rejected[0].reason.find("too large"), std::string::npos);
   EXPECT_TRUE(rules.rules().empty());
