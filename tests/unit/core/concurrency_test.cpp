@@ -130,6 +130,29 @@ TEST(Concurrency, KeyedLimiterExactPerKeyWhileTheTableGrows) {
   EXPECT_EQ(k->size(), 4u + threads * attempts_per_thread);
 }
 
+// A limit raised while checks run: every check sees its shard's limits before or after, so no key
+// is admitted beyond the larger limit, and after the change the larger limit holds exactly.
+TEST(Concurrency, KeyedLimiterRetunedWhileChecking) {
+  auto k = keyed_limiter::create({.policy = fixed_window_policy(100, 60s)}).value();
+  std::unique_ptr<keyed_limiter> raised;
+  std::atomic<keyed_limiter*> in_use{k.get()};
+  int admitted = hammer([&](int t, int i) {
+    if (t == 0 && i == attempts_per_thread / 2) {
+      raised = keyed_limiter::retuned(*k, fixed_window_policy(300, 60s), t0).value();
+      in_use.store(raised.get());
+    }
+    return in_use.load()->try_acquire("hot:" + std::to_string(i % 2), t0).value().allowed;
+  });
+  EXPECT_EQ(admitted, 600) << "each of the two keys admits exactly its raised limit";
+  // Overrides: the same keys under other limits, concurrently with checks under the rule's.
+  auto limits = k->limits_for(fixed_window_policy(50, 60s)).value();
+  int overridden = hammer([&](int t, int i) {
+    return k->try_acquire("o:" + std::to_string(i % 3), t0, 1, t % 2 ? &limits : nullptr).value().allowed;
+  });
+  EXPECT_GE(overridden, 150);  // each key: at least the override's 50, at most the rule's 100
+  EXPECT_LE(overridden, 300) << "one count per key, whichever limits a check used";
+}
+
 TEST(Concurrency, MemoryBackendDualLayerAcrossUsers) {
   testing::simulated_clock clock(t0);
   auto backend = make_memory_backend({.clock = &clock}).value();
