@@ -67,12 +67,12 @@ echo "put in etcd -> new limit in force on 2 sluiced ($changes changes, polled e
 python3 "$here/propagation.py" "$eport" "${ports[@]}" --changes "$changes"
 
 # --- 2. checks with 1,000 overrides vs none ---------------------------------------------------------
-overrides="$work/overrides.toml"
+overrides="$work/overrides.extra"
 : >"$overrides"
 for i in $(seq 0 999); do
   printf '[[overrides]]\nrule = "bench"\nkey = "user:%d"\nrate = 200\nburst = 200\n' "$((i * 100))" >>"$overrides"
 done
-run() {  # run NAME EXTRA_TOML_FILE: requests/s of one wrk run
+run() {  # run NAME EXTRA_TOML_FILE OVERRIDES: requests/s of one wrk run
   local port out
   port="$(free_port)"
   { printf '[server]\nlisten = "127.0.0.1:%s"\nthreads = 0\n%s\n' "$port" "$rule"; cat "$2"; } >"$work/$1.toml"
@@ -80,15 +80,18 @@ run() {  # run NAME EXTRA_TOML_FILE: requests/s of one wrk run
   local pid=$!
   wait_http "http://127.0.0.1:$port/healthz"
   out="$(RULE=bench wrk -t2 -c"$connections" -d"$duration" --latency -s "$root/bench/server/check.lua" "http://127.0.0.1:$port")"
+  local in_force
+  in_force="$(curl -s "http://127.0.0.1:$port/v1/rules" | python3 -c 'import json, sys; print(json.load(sys.stdin)["overrides"])')"
+  [ "$in_force" = "$3" ] || { echo "$1: $in_force overrides in force, expected $3" >&2; exit 1; }
   kill "$pid"; wait "$pid" || true
   awk '/^Requests\/sec:/ {print $2}' <<<"$out"
 }
-: >"$work/none.toml"
+: >"$work/none.extra"
 echo
 echo "wrk -t2 -c$connections -d$duration, POST /v1/check over 100,000 ids, $(nproc) cores:"
 for round in 1 2; do
-  none="$(run none "$work/none.toml")"
-  with="$(run overrides "$overrides")"
+  none="$(run none "$work/none.extra" 0)"
+  with="$(run overrides "$overrides" 1000)"
   awk -v r="$round" -v a="$none" -v b="$with" \
     'BEGIN { printf "round %d: no overrides %10.0f req/s   1,000 overrides %10.0f req/s   ratio %.3f\n", r, a, b, b / a }'
 done
