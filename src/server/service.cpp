@@ -270,15 +270,15 @@ bool service::publish(config settings, std::string_view trigger) {
     spdlog::error("event=config_rejected source=override error={}", log_value(why));
   }
   reported_overrides_ = std::move(rejected);
-  auto* snap = &built->snap;
+  std::shared_ptr<const snapshot>& snap = built->snap;
   // Checks already running keep the old snapshot; new checks get the new one, where a rule whose
   // limits alone changed keeps its keys' state and any other change starts afresh.
-  const std::size_t rules = (*snap)->rules->size();
-  const std::size_t changed = rules - (*snap)->rules->kept();
-  const std::size_t overrides = (*snap)->override_count;
+  const std::size_t rules = snap->rules->size();
+  const std::size_t changed = rules - snap->rules->kept();
+  const std::size_t overrides = snap->override_count;
   {
     std::lock_guard lock(mu_);
-    current_ = std::move(*snap);
+    current_ = std::move(snap);
     version_.fetch_add(1, std::memory_order_release);
   }
   spdlog::info("event=reload result=success trigger={} rules={} overrides={} enabled={} changed_rules={} version={}",
