@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 // toml++ 3.3 (Debian's) has two defects that hostile input reaches; both are fixed upstream.
 //
@@ -479,19 +480,20 @@ result<void> read_http(const section& s, config& out) {
 }
 
 result<void> read_etcd(const section& s, const reporter& rep, config& out) {
-  if (auto v = s.only(
-          {"endpoints", "prefix", "username", "password", "ca_file", "cert_file", "key_file", "dial_timeout_ms"});
+  if (auto v = s.only({"endpoints", "prefix", "username", "password", "ca_file", "cert_file", "key_file",
+                       "dial_timeout_ms", "request_timeout_ms", "backoff_base_ms", "backoff_cap_ms"});
       !v) {
     return v.error();
   }
-  etcd_settings& e = out.etcd;
-  e.enabled = true;
+  out.etcd.enabled = true;
+  etcd::etcd_options& e = out.etcd.options;
   const toml::node* n = s.table().get("endpoints");
   if (!n) return s.missing("endpoints", "(the etcd \"host:port\" client addresses)");
   const toml::array* arr = n->as_array();
   if (!arr) return rep.at(n->source(), "endpoints must be an array of \"host:port\" strings, got " + type_name(*n));
   if (arr->empty()) return rep.at(n->source(), "endpoints must not be empty");
   if (arr->size() > 64) return rep.at(n->source(), "endpoints holds more than 64 entries");
+  e.endpoints.clear();
   for (const toml::node& a : *arr) {
     if (!a.is_string() || !valid_listen(a.as_string()->get())) {
       return rep.at(a.source(), "each endpoint must be a \"host:port\" string");
@@ -513,10 +515,15 @@ result<void> read_etcd(const section& s, const reporter& rep, config& out) {
   }
   if (!e.username.empty() && e.password.empty()) return s.bad("username", "needs a password");
   if (e.cert_file.empty() != e.key_file.empty()) return s.bad("cert_file", "and key_file go together");
-  if (!e.cert_file.empty() && e.ca_file.empty()) return s.bad("cert_file", "needs ca_file (TLS)");
-  auto dial = s.integer_or("dial_timeout_ms", 2000, 1, 60'000);
-  if (!dial) return dial.error();
-  e.dial_timeout = std::chrono::milliseconds(*dial);
+  for (auto [key, field, lo] : {std::tuple{"dial_timeout_ms", &e.dial_timeout, 1},
+                                {"request_timeout_ms", &e.request_timeout, 1},
+                                {"backoff_base_ms", &e.backoff_base, 1},
+                                {"backoff_cap_ms", &e.backoff_cap, 1}}) {
+    auto v = s.integer_or(key, field->count(), lo, 600'000);
+    if (!v) return v.error();
+    *field = std::chrono::milliseconds(*v);
+  }
+  if (e.backoff_base > e.backoff_cap) return s.bad("backoff_base_ms", "must not exceed backoff_cap_ms");
   return {};
 }
 

@@ -13,17 +13,9 @@ class watched_prefix final : public etcd_source {
   explicit watched_prefix(std::function<void()> changed) : changed_(std::move(changed)) {}
 
   result<void> start(const etcd_settings& s) {
-    auto w = etcd::prefix_watcher::create({.endpoints = s.endpoints,
-                                           .prefix = s.prefix,
-                                           .username = s.username,
-                                           .password = s.password,
-                                           .ca_file = s.ca_file,
-                                           .cert_file = s.cert_file,
-                                           .key_file = s.key_file,
-                                           .dial_timeout = s.dial_timeout},
-                                          [this](const etcd::watch_update&) {
-                                            if (!pending_.exchange(true)) changed_();
-                                          });
+    auto w = etcd::prefix_watcher::create(s.options, [this](const etcd::watch_update&) {
+      if (!pending_.exchange(true)) changed_();
+    });
     if (!w) return error(errc::config_invalid, w.error().message);  // a bad [etcd] setting of sluiced
     watcher_ = std::move(*w);
     return {};

@@ -230,8 +230,7 @@ void service::reload(std::string_view trigger) {
   if (next.backend != old->cfg.backend) {
     spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
   }
-  if (next.etcd.enabled != old->cfg.etcd.enabled || next.etcd.endpoints != old->cfg.etcd.endpoints ||
-      next.etcd.prefix != old->cfg.etcd.prefix) {
+  if (next.etcd != old->cfg.etcd) {
     spdlog::warn("event=reload_restart_needed section=etcd message=\"[etcd] applies at the next start\"");
   }
   next.backend = old->cfg.backend;
@@ -288,7 +287,7 @@ bool service::publish(config settings, std::string_view trigger) {
 
 // Starts the watch of [etcd]'s prefix: its rules join the file's as they arrive.
 result<void> service::start_etcd(const etcd_settings& settings) {
-  etcd_rules_ = std::make_unique<etcd_rules>(settings.prefix, [this](const rule& r) -> result<void> {
+  etcd_rules_ = std::make_unique<etcd_rules>(settings.options.prefix, [this](const rule& r) -> result<void> {
     auto prepared = backend_->prepare(r);
     if (!prepared) return prepared.error();
     return {};

@@ -55,6 +55,8 @@ struct etcd_options {
   /// Longest key (prefix included) a snapshot holds; longer keys are left out and reported.
   /// Default: 1,024 bytes.
   std::size_t max_key_bytes = 1024;
+
+  bool operator==(const etcd_options&) const = default;
 };
 
 /// Checks the options: at least one endpoint, each a valid host:port (port 1 to 65535); a password

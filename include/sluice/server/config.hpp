@@ -31,6 +31,7 @@
 
 #include "sluice/backend.hpp"
 #include "sluice/error.hpp"
+#include "sluice/etcd/options.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/redis_options.hpp"
 
@@ -92,24 +93,17 @@ struct http_settings {
 };
 
 /// [etcd]: a second source of rules, watched at run time. Rules under `prefix + "rules/NAME"` (JSON
-/// objects with the fields of a [[rules]] table) override the file's rule of the same name.
+/// objects with the fields of a [[rules]] table) override the file's rule of the same name;
+/// overrides live under `prefix + "overrides/ID"`.
 struct etcd_settings {
   /// True when the file has an [etcd] section.
   bool enabled = false;
-  /// etcd "host:port" client endpoints, tried in turn. Required.
-  std::vector<std::string> endpoints;
-  /// The prefix watched. Default: "/sluice/".
-  std::string prefix = "/sluice/";
-  /// etcd user and password; empty for none. Default: "".
-  std::string username;
-  std::string password;
-  /// TLS: the CA that signed the server's certificate, and this client's certificate and key (for
-  /// servers that check clients). Empty ca_file: plaintext. Default: "".
-  std::string ca_file;
-  std::string cert_file;
-  std::string key_file;
-  /// How long one connection attempt may take (`dial_timeout_ms`). Default: 2000 ms.
-  std::chrono::milliseconds dial_timeout{2000};
+  /// The watch's options (sluice/etcd/options.hpp), every one settable here: `endpoints` (required),
+  /// `prefix` ("/sluice/"), `username`/`password`, TLS `ca_file`/`cert_file`/`key_file`,
+  /// `dial_timeout_ms` (default 2000 here), `request_timeout_ms`, `backoff_base_ms`, `backoff_cap_ms`.
+  etcd::etcd_options options{.endpoints = {}, .dial_timeout = std::chrono::milliseconds(2000)};
+
+  bool operator==(const etcd_settings&) const = default;
 };
 
 /// One key's own limits for a rule — or one tenant's, or one tenant's user's, for a dual-layer

@@ -381,11 +381,11 @@ TEST(Config, EtcdSection) {
                         "t.toml");
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_TRUE(c->etcd.enabled);
-  EXPECT_EQ(c->etcd.endpoints, (std::vector<std::string>{"127.0.0.1:2379", "[::1]:2379"}));
-  EXPECT_EQ(c->etcd.prefix, "/limits/");
-  EXPECT_EQ(c->etcd.username, "u");
-  EXPECT_EQ(c->etcd.ca_file, "ca.pem");
-  EXPECT_EQ(c->etcd.dial_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(c->etcd.options.endpoints, (std::vector<std::string>{"127.0.0.1:2379", "[::1]:2379"}));
+  EXPECT_EQ(c->etcd.options.prefix, "/limits/");
+  EXPECT_EQ(c->etcd.options.username, "u");
+  EXPECT_EQ(c->etcd.options.ca_file, "ca.pem");
+  EXPECT_EQ(c->etcd.options.dial_timeout, std::chrono::milliseconds(500));
   for (const auto& [bad, what] : std::vector<std::pair<std::string, std::string>>{
            {"[etcd]\nprefix = \"/x/\"\n", "missing 'endpoints'"},
            {"[etcd]\nendpoints = []\n", "must not be empty"},
