@@ -41,6 +41,11 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
                         [](const rule_override& o) { return o.user.empty(); });
   std::map<std::pair<std::size_t, std::string>, rule> tenant_rules;  // (rule index, tenant) → its rule
   for (rule_override& o : cfg.overrides) {
+    if (kept.size() == max_overrides) {
+      out.rejected_overrides.push_back(o.source + ": more than " + std::to_string(max_overrides) +
+                                       " overrides in force (file and etcd together)");
+      continue;
+    }
     const rule* base = cfg.find_rule(o.rule);
     if (base == nullptr) {
       out.rejected_overrides.push_back(o.source + ": names no rule in force: \"" + o.rule + "\"");
@@ -57,9 +62,12 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
       out.rejected_overrides.push_back(p.error().message);
       continue;
     }
-    if (!o.tenant.empty() && o.user.empty()) tenant_rules.emplace(std::pair{i, o.tenant}, *r);
     std::string key = !o.key.empty() ? o.key : o.user.empty() ? o.tenant : tenant_user_key(o.tenant, o.user);
-    s->overrides[i].emplace(std::move(key), std::move(*p));
+    if (!s->overrides[i].emplace(std::move(key), std::move(*p)).second) {
+      out.rejected_overrides.push_back(o.source + ": another override in force has the same rule and key");
+      continue;
+    }
+    if (!o.tenant.empty() && o.user.empty()) tenant_rules.emplace(std::pair{i, o.tenant}, *r);
     kept.push_back(std::move(o));
   }
   cfg.overrides = std::move(kept);

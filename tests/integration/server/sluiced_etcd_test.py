@@ -284,6 +284,11 @@ class Overrides(unittest.TestCase):
         # A bad override is rejected alone; a deleted one gives the rule's limits back.
         etcd.put("/sluice/overrides/bad", json.dumps({"rule": "quota", "key": "x", "rate": 5}))
         wait_for(lambda: metric(s, 'sluice_config_errors_total{source="etcd"}') == 1, what="the bad override counted")
+        etcd.put("/sluice/overrides/dup", json.dumps({"rule": "tenant_api", "tenant": "acme", "user": "carol",
+                                                      "user_limit": 9}))
+        wait_for(lambda: metric(s, 'sluice_config_errors_total{source="etcd"}') == 2, what="a second override refused")
+        self.assertEqual(rules_of(s)["overrides"], 4)
+        self.assertIn("another override in force has the same rule and key", s.log_text())
         etcd.delete("/sluice/overrides/u42")
         wait_for(lambda: rules_of(s)["overrides"] == 3, what="the override deleted")
         self.assertEqual(s.check(rule="api", key="user:42").json()["limit"], 2)
