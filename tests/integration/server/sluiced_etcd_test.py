@@ -12,7 +12,7 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sluiced_harness import EtcdServer, RedisServer, Sluiced, wait_for  # noqa: E402
+from sluiced_harness import EtcdServer, RedisServer, Sluiced, TcpProxy, wait_for  # noqa: E402
 
 FILE_RULES = """
 [server]
@@ -164,6 +164,28 @@ class EtcdRules(unittest.TestCase):
         self.assertGreater(len(statuses), 0)
         self.assertEqual(set(statuses), {200}, "no check failed while etcd was away")
         self.assertEqual(rule_named(s, "load")["source"], "etcd", "the last good set stayed in force")
+
+    def test_compaction_while_disconnected_rereads_the_prefix(self):
+        proxy = TcpProxy(self.etcd.port)
+        self.addCleanup(proxy.close)
+        s = Sluiced(etcd_config("127.0.0.1:%d" % proxy.port, "backoff_base_ms = 100\nbackoff_cap_ms = 300\n"))
+        self.addCleanup(s.close)
+        self.etcd.put("/sluice/rules/api", window_rule(5))
+        self.etcd.put("/sluice/rules/gone", window_rule(1))
+        wait_for(lambda: limit_of(s, "api") == 5 and rule_named(s, "gone") is not None, what="the first set")
+        proxy.cut()
+        wait_for(lambda: not rules_of(s)["sources"][1]["connected"], what="the watch lost")
+        for limit in (6, 7, 8):
+            self.etcd.put("/sluice/rules/api", window_rule(limit))
+        self.etcd.delete("/sluice/rules/gone")
+        rev = self.etcd.put("/sluice/rules/new", window_rule(3))
+        self.etcd.ctl("compact", str(rev), "--physical")
+        proxy.restore()
+        wait_for(lambda: rules_of(s)["sources"][1]["connected"], timeout=30, what="the watch back")
+        wait_for(lambda: limit_of(s, "api") == 8, what="the final version after the re-read")
+        self.assertIsNone(rule_named(s, "gone"), "a key deleted while away is gone")
+        self.assertEqual(rule_named(s, "new")["mod_revision"], rev)
+        self.assertGreaterEqual(metric(s, 'sluice_config_revision{source="etcd"}'), rev)
 
     def test_flood_of_puts(self):
         # ASan keeps freed memory in quarantine; without it, RSS shows what sluiced really holds.
