@@ -303,9 +303,16 @@ class TcpProxy:
     def restore(self):
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", self.port))
+        wait_for(lambda: self._bind(), timeout=10, what="the proxy's port free again")
         self.listener.listen(64)
         threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _bind(self):
+        try:
+            self.listener.bind(("127.0.0.1", self.port))
+            return True
+        except OSError:
+            return False
 
     def _accept(self, listener):
         while True:
@@ -340,6 +347,10 @@ class TcpProxy:
                 pass
 
     def cut(self):
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread, which lets go of it
+        except OSError:
+            pass
         self.listener.close()
         with self.lock:
             conns, self.conns = self.conns, []
