@@ -88,8 +88,10 @@ result<prepared_script> prepare_script(const rule& r) {
   p.script = p.dual ? dual_script(r.tenant->algorithm, r.limit.algorithm) : single_script(r.limit.algorithm);
   if (p.dual) {
     p.tenant_limit = r.tenant->capacity();
+    p.tenant_tag = state_tag(*r.tenant);
     append_params(p.params, *r.tenant);
   }
+  p.tag = state_tag(r.limit);
   append_params(p.params, r.limit);
   return p;
 }
@@ -106,11 +108,11 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   cmd.rest = c.size();
   if (p.dual) {
     bulk(c, "2");
-    bulk(c, tenant_key(key_prefix, r.name, req.tenant, r.tenant->algorithm));
-    bulk(c, user_key(key_prefix, r.name, req.tenant, req.user, r.limit.algorithm));
+    bulk(c, tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag));
+    bulk(c, user_key(key_prefix, r.name, req.tenant, req.user, p.tag));
   } else {
     bulk(c, "1");
-    bulk(c, single_key(key_prefix, r.name, req.key, r.limit.algorithm));
+    bulk(c, single_key(key_prefix, r.name, req.key, p.tag));
   }
   bulk(c, now_us);
   bulk(c, req.cost);

@@ -39,6 +39,8 @@ struct prepared_script {
   std::int64_t limit = 0;         ///< Single: the rule's capacity; dual: the user layer's.
   std::int64_t tenant_limit = 0;  ///< Dual only: the tenant layer's capacity.
   std::string params;             ///< RESP bulk strings: the tenant's then the user's, or the rule's.
+  std::string tag;                ///< The keys' state tag (keys.hpp): the user layer's, or the rule's.
+  std::string tenant_tag;         ///< Dual only: the tenant layer's.
 };
 
 /// The script and packed parameters of `r`. Errors (nothing made): what validate(r) refuses, and

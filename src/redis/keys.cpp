@@ -1,5 +1,7 @@
 #include "redis/keys.hpp"
 
+#include <chrono>
+
 namespace sluice::detail {
 
 std::string encode_id(std::string_view id) {
@@ -19,40 +21,41 @@ std::string encode_id(std::string_view id) {
   return out;
 }
 
-std::string_view algorithm_tag(algorithm a) noexcept {
-  switch (a) {
+std::string state_tag(const policy& p) {
+  std::string_view name = "tb";
+  switch (p.algorithm) {
     case algorithm::token_bucket: return "tb";
-    case algorithm::sliding_window_log: return "swl";
-    case algorithm::sliding_window_counter: return "swc";
-    case algorithm::fixed_window: return "fw";
+    case algorithm::sliding_window_log: name = "swl"; break;
+    case algorithm::sliding_window_counter: name = "swc"; break;
+    case algorithm::fixed_window: name = "fw"; break;
   }
-  return "x";
+  return std::string(name) + "." + std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(p.window).count());
 }
 
-std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, algorithm a) {
+std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag) {
   std::string k(prefix);
   k += '{';
   k += encode_id(rule);
   k += ':';
   k += encode_id(key);
   k += "}:";
-  k += algorithm_tag(a);
+  k += tag;
   return k;
 }
 
-std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, algorithm a) {
+std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view tag) {
   std::string k(prefix);
   k += '{';
   k += encode_id(tenant);
   k += "}:";
   k += encode_id(rule);
   k += ':';
-  k += algorithm_tag(a);
+  k += tag;
   return k;
 }
 
 std::string user_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view user,
-                     algorithm a) {
+                     std::string_view tag) {
   std::string k(prefix);
   k += '{';
   k += encode_id(tenant);
@@ -61,7 +64,7 @@ std::string user_key(std::string_view prefix, std::string_view rule, std::string
   k += ":user:";
   k += encode_id(user);
   k += ':';
-  k += algorithm_tag(a);
+  k += tag;
   return k;
 }
 

@@ -7,7 +7,9 @@
 //   single-layer:  PREFIX{RULE:KEY}:ALG
 //   dual tenant:   PREFIX{TENANT}:RULE:ALG
 //   dual user:     PREFIX{TENANT}:RULE:user:USER:ALG
-// (a single-layer tag holds one `:`, a dual-layer tag none; ALG is tb, swl, swc or fw.)
+// (a single-layer tag holds one `:`, a dual-layer tag none). ALG names the state: tb for a token
+// bucket; swl.W, swc.W or fw.W for a window of W µs, so that a rule whose window changes starts
+// afresh while one whose limit alone changes keeps its keys' state.
 //
 // Thread-safe: pure functions.
 #pragma once
@@ -22,12 +24,12 @@ namespace sluice::detail {
 /// Percent-encodes `id` as described above.
 std::string encode_id(std::string_view id);
 
-/// "tb", "swl", "swc" or "fw".
-std::string_view algorithm_tag(algorithm a) noexcept;
+/// ALG for a layer of policy `p`: "tb", or "swl.W", "swc.W", "fw.W".
+std::string state_tag(const policy& p);
 
-std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, algorithm a);
-std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, algorithm a);
+std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag);
+std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view tag);
 std::string user_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view user,
-                     algorithm a);
+                     std::string_view tag);
 
 }  // namespace sluice::detail

@@ -45,7 +45,11 @@ struct algorithm_lua {
 // epoch (~2^61) would step in hundreds of ns, so all arithmetic is on the debt TAT − now, an
 // integer number of ns far below 2^53 (exact) for any debt under ~104 days.
 // p1 = interval ns (0: infinite rate; else >= 1000, see redis_backend.hpp), p2 = tolerance ns
-// (burst × interval), p3 = burst. An unreadable value counts as a full bucket.
+// (burst × interval), p3 = burst. An unreadable value counts as a full bucket. The value also holds
+// the interval and tolerance it was written with ("µs.nnn interval tolerance"): read under other
+// ones (a rule's limits changed), the tokens the bucket holds carry over, capped by the new burst,
+// as in gcra_state::retune and x/time/rate's SetLimit/SetBurst, and the value is written anew at
+// once (refused or not), so that the old rate refills nothing after the first check that sees it.
 constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, burst", R"lua(
   if interval == 0 then
     return 1, burst, 0, 0
@@ -56,14 +60,28 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
   local debt = 0
   local v = redis.call('GET', key)
   if v then
-    local us, frac = string.match(v, '^(%d+)%.?(%d*)$')
-    if us then debt = math.max(0, (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3))) end
+    local us, frac, was_interval, was_tolerance = string.match(v, '^(%d+)%.?(%d*) ?(%d*) ?(%d*)$')
+    if us then
+      debt = math.max(0, (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3)))
+      was_interval, was_tolerance = tonumber(was_interval), tonumber(was_tolerance)
+      if debt > 0 and was_tolerance and was_interval > 0 and (was_interval ~= interval or was_tolerance ~= tolerance) then
+        local available = (was_tolerance - debt) * interval / was_interval
+        if available >= 0 then available = math.floor(available) else available = -math.floor(-available) end
+        debt = tolerance - math.min(available, tolerance)
+        if debt > 0 then
+          local ns = debt % 1000
+          redis.call('SET', key, string.format('%d.%03d %d %d', now + (debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(debt / 1000000)))
+        else
+          redis.call('DEL', key)
+        end
+      end
+    end
   end
   local new_debt = debt + cost * interval
   if new_debt <= tolerance then
     if commit then
       local ns = new_debt % 1000
-      redis.call('SET', key, string.format('%d.%03d', now + (new_debt - ns) / 1000, ns), 'PX', math.max(1, math.ceil(new_debt / 1000000)))
+      redis.call('SET', key, string.format('%d.%03d %d %d', now + (new_debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(new_debt / 1000000)))
     end
     return 1, math.floor((tolerance - new_debt) / interval), 0, math.ceil(new_debt / 1000)
   end

@@ -245,7 +245,7 @@ TEST_F(RedisBackendTest, TokenBucketFigures) {
   clock_.advance(100ms);
   EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "u"})).allowed);
   // A refusal takes nothing; one key is one string.
-  EXPECT_EQ(redis_->string({"TYPE", detail::single_key("sluice:", "api", "u", algorithm::token_bucket)}), "string");
+  EXPECT_EQ(redis_->string({"TYPE", detail::single_key("sluice:", "api", "u", "tb")}), "string");
 }
 
 TEST_F(RedisBackendTest, SlidingWindowLogResetAtIsOldestPlusWindow) {
@@ -271,7 +271,7 @@ TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
   auto b = make();
   rule r{.name = "burst", .limit = sliding_window_policy(10, 1min)};
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 2})).allowed);
-  const std::string key = detail::single_key("sluice:", "burst", "k", algorithm::sliding_window_log);
+  const std::string key = detail::single_key("sluice:", "burst", "k", detail::state_tag(r.limit));
   EXPECT_EQ(redis_->log_units(key), 8);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);  // one instant: one entry
   decision d = expect_decision(b->check({.rule = &r, .key = "k", .cost = 3}));
@@ -285,7 +285,7 @@ TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
 TEST_F(RedisBackendTest, SlidingWindowLogWorkAndMemoryAreIndependentOfCost) {
   auto b = make();
   rule r{.name = "huge", .limit = sliding_window_policy(1'000'000, 1h)};
-  const std::string key = detail::single_key("sluice:", "huge", "k", algorithm::sliding_window_log);
+  const std::string key = detail::single_key("sluice:", "huge", "k", detail::state_tag(r.limit));
   redis_->command({"CONFIG", "RESETSTAT"});
   EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
@@ -343,15 +343,15 @@ TEST_F(RedisBackendTest, EveryKeyHasATimeToLive) {
     EXPECT_LE(ttl, 60'000) << k;
   }
   // The bucket's key lives until it is full again: 3 tokens at 2/s.
-  EXPECT_LE(redis_->integer({"PTTL", detail::single_key("sluice:", "tb", "k", algorithm::token_bucket)}), 1500);
+  EXPECT_LE(redis_->integer({"PTTL", detail::single_key("sluice:", "tb", "k", "tb")}), 1500);
 }
 
 TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
   auto b = make();
   rule r{.name = "api", .limit = sliding_window_policy(2, 1min), .tenant = sliding_window_policy(3, 1min)};
-  const std::string tenant_key = detail::tenant_key("sluice:", "api", "acme", algorithm::sliding_window_log);
-  const std::string alice_key = detail::user_key("sluice:", "api", "acme", "alice", algorithm::sliding_window_log);
-  const std::string bob_key = detail::user_key("sluice:", "api", "acme", "bob", algorithm::sliding_window_log);
+  const std::string tenant_key = detail::tenant_key("sluice:", "api", "acme", detail::state_tag(*r.tenant));
+  const std::string alice_key = detail::user_key("sluice:", "api", "acme", "alice", detail::state_tag(r.limit));
+  const std::string bob_key = detail::user_key("sluice:", "api", "acme", "bob", detail::state_tag(r.limit));
   auto check = [&](std::string_view user) {
     return expect_decision(b->check({.rule = &r, .tenant = "acme", .user = user}));
   };
@@ -426,10 +426,10 @@ TEST_F(RedisBackendTest, HostileIdsNeitherCollideNorBreakTheHashTag) {
   }
   // A tenant's user keys share the tenant key's slot, whatever the ids.
   const std::string hostile = "a}:user:b";
-  const std::string t = detail::tenant_key("sluice:", "d", hostile, algorithm::fixed_window);
-  EXPECT_EQ(hash_tag(t), hash_tag(detail::user_key("sluice:", "d", hostile, "}{", algorithm::fixed_window)));
+  const std::string t = detail::tenant_key("sluice:", "d", hostile, "fw.1000000");
+  EXPECT_EQ(hash_tag(t), hash_tag(detail::user_key("sluice:", "d", hostile, "}{", "fw.1000000")));
   EXPECT_EQ(hash_tag(t), "a%7D%3Auser%3Ab");
-  EXPECT_EQ(hash_tag(detail::single_key("sluice:", "r", hostile, algorithm::fixed_window)), "r:a%7D%3Auser%3Ab");
+  EXPECT_EQ(hash_tag(detail::single_key("sluice:", "r", hostile, "fw.1000000")), "r:a%7D%3Auser%3Ab");
 }
 
 // Every id of up to 3 bytes over an alphabet of the troublesome bytes: no two requests share a key,
@@ -454,21 +454,58 @@ TEST(RedisKeyEncodingTest, DistinctRequestsNeverShareAKey) {
     EXPECT_TRUE(inserted || it->second == r) << "two requests share " << key;
   };
   for (const auto& a : ids) {
-    add(detail::single_key("p:", "r", a, algorithm::fixed_window), {0, "r", a, ""});
-    add(detail::single_key("p:", a, "k", algorithm::fixed_window), {0, a, "k", ""});
-    add(detail::tenant_key("p:", "r", a, algorithm::fixed_window), {1, "r", a, ""});
-    add(detail::tenant_key("p:", a, "t", algorithm::fixed_window), {1, a, "t", ""});
-    add(detail::user_key("p:", "r", a, "u", algorithm::fixed_window), {2, "r", a, "u"});
-    add(detail::user_key("p:", "r", "t", a, algorithm::fixed_window), {2, "r", "t", a});
-    add(detail::user_key("p:", a, "t", "u", algorithm::fixed_window), {2, a, "t", "u"});
+    add(detail::single_key("p:", "r", a, "fw.1000000"), {0, "r", a, ""});
+    add(detail::single_key("p:", a, "k", "fw.1000000"), {0, a, "k", ""});
+    add(detail::tenant_key("p:", "r", a, "fw.1000000"), {1, "r", a, ""});
+    add(detail::tenant_key("p:", a, "t", "fw.1000000"), {1, a, "t", ""});
+    add(detail::user_key("p:", "r", a, "u", "fw.1000000"), {2, "r", a, "u"});
+    add(detail::user_key("p:", "r", "t", a, "fw.1000000"), {2, "r", "t", a});
+    add(detail::user_key("p:", a, "t", "u", "fw.1000000"), {2, a, "t", "u"});
   }
   std::set<request> distinct;
   for (const auto& [key, r] : seen) distinct.insert(r);
   EXPECT_EQ(seen.size(), distinct.size());
   EXPECT_GT(seen.size(), ids.size() * 6);
-  // The algorithm is part of the key: a rule changing algorithm never reads the old state.
-  EXPECT_NE(detail::single_key("p:", "r", "k", algorithm::fixed_window),
-            detail::single_key("p:", "r", "k", algorithm::sliding_window_counter));
+  // The algorithm and the window are part of the key: a rule changing either never reads the old
+  // state; a rule changing its limit alone does.
+  const policy fw = fixed_window_policy(5, 1s);
+  EXPECT_NE(detail::single_key("p:", "r", "k", detail::state_tag(fw)),
+            detail::single_key("p:", "r", "k", detail::state_tag(sliding_window_counter_policy(5, 1s))));
+  EXPECT_NE(detail::state_tag(fw), detail::state_tag(fixed_window_policy(5, 2s)));
+  EXPECT_EQ(detail::state_tag(fw), detail::state_tag(fixed_window_policy(50, 1s)));
+  EXPECT_EQ(detail::state_tag(token_bucket_policy(per_second(1), 5)), "tb");
+}
+
+// A rule's limits changed at run time (a reload, etcd): its keys keep what they used. A window's
+// count stays under the new limit; a token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst,
+// as in process); a new window starts afresh.
+TEST_F(RedisBackendTest, ChangedLimitsKeepTheKeysState) {
+  auto b = make();
+  rule bucket{.name = "tb2", .limit = token_bucket_policy(per_second(1), 10)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &bucket, .key = "k", .cost = 6})).allowed);  // 4 left
+  rule faster{.name = "tb2", .limit = token_bucket_policy(per_second(2), 10)};
+  decision d = expect_decision(b->check({.rule = &faster, .key = "k", .cost = 4}));
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 0);
+  EXPECT_FALSE(expect_decision(b->check({.rule = &faster, .key = "k"})).allowed);
+  clock_.advance(500ms);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &faster, .key = "k"})).allowed) << "refilled at the new rate";
+  rule lower{.name = "tb2", .limit = token_bucket_policy(per_second(0.5), 10)};
+  clock_.advance(1s);  // 2 tokens at 2/s; from here 0.5/s
+  EXPECT_EQ(expect_decision(b->check({.rule = &lower, .key = "k", .cost = 2})).remaining, 0);
+  clock_.advance(1s);
+  EXPECT_FALSE(expect_decision(b->check({.rule = &lower, .key = "k"})).allowed) << "half a token: nothing forgiven";
+  clock_.advance(1s);
+  EXPECT_TRUE(expect_decision(b->check({.rule = &lower, .key = "k"})).allowed);
+
+  rule window{.name = "w", .limit = fixed_window_policy(5, 1h)};
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &window, .key = "k"})).allowed);
+  rule raised{.name = "w", .limit = fixed_window_policy(10, 1h)};
+  EXPECT_EQ(expect_decision(b->check({.rule = &raised, .key = "k"})).remaining, 6);
+  rule lowered{.name = "w", .limit = fixed_window_policy(2, 1h)};
+  EXPECT_FALSE(expect_decision(b->check({.rule = &lowered, .key = "k"})).allowed);
+  rule longer{.name = "w", .limit = fixed_window_policy(2, 2h)};
+  EXPECT_EQ(expect_decision(b->check({.rule = &longer, .key = "k"})).remaining, 1) << "a new window starts afresh";
 }
 
 TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {

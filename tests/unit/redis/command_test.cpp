@@ -178,7 +178,7 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   const auto& s = scripts()[p.script];
   EXPECT_EQ(decode(c.text),
             (std::vector<std::string>{"EVALSHA", s.sha1, "1",
-                                      single_key("app:", "api", "user:42", algorithm::sliding_window_log), "-1", "3",
+                                      single_key("app:", "api", "user:42", "swl.60000000"), "-1", "3",
                                       "100", "60000000", "0", "123456"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
@@ -194,8 +194,8 @@ TEST(EvalshaCommand, DualLayerArguments) {
   prepared_script p = prepared(r);
   command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
   EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
-                                                      tenant_key("sluice:", "d", "acme", algorithm::fixed_window),
-                                                      user_key("sluice:", "d", "acme", "bob", algorithm::fixed_window),
+                                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
+                                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"),
                                                       "-1", "1", "10", "60000000", "0", "3", "60000000", "0", "-1"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
 }
@@ -206,7 +206,7 @@ TEST(EvalshaCommand, HostileIdsStayOneArgument) {
   command c = evalsha_command(prepared(r), r, {.rule = &r, .key = id}, "sluice:", -1, -1);
   const auto args = decode(c.text);
   ASSERT_EQ(args.size(), 10u);
-  EXPECT_EQ(args[3], single_key("sluice:", "api", id, algorithm::fixed_window));
+  EXPECT_EQ(args[3], single_key("sluice:", "api", id, "fw.60000000"));
 }
 
 TEST(EvalCommand, SendsTheBodyInPlaceOfTheHash) {
