@@ -19,7 +19,7 @@ build: deps
 # Only what `make run` starts, so the first run does not wait for the tests and benchmarks.
 build-run: deps
 	cmake --preset release >/dev/null
-	$(BUILD) build -j$(JOBS) --target sluiced sluice-demo
+	$(BUILD) build -j$(JOBS) --target sluiced sluice_tool
 
 # sluiced on 127.0.0.1:8080 with the in-process backend: nothing else to start.
 run: build-run
@@ -28,7 +28,7 @@ run: build-run
 	@echo "  curl -si --json '{\"rule\":\"tenant_api\",\"tenant\":\"acme\",\"user\":\"bob\"}' http://127.0.0.1:8080/v1/check"
 	@echo "  curl -s --json '{\"checks\":[{\"key\":\"a\"},{\"rule\":\"ai\",\"key\":\"b\",\"cost\":5}]}' http://127.0.0.1:8080/v1/check"
 	@echo "  curl -s http://127.0.0.1:8080/metrics | grep sluice_"
-	@echo "  ./build/tools/sluice-demo    # the core on simulated time: the r=5/s, b=60 walk-through"
+	@echo "  ./build/tools/sluice demo    # the core on simulated time: the r=5/s, b=60 walk-through"
 	./build/src/server/sluiced --config examples/sluice.toml
 
 # Unit and integration tests under ASan+UBSan, concurrency tests under TSan, then the release build's

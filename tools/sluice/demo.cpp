@@ -1,6 +1,7 @@
-// sluice-demo: the r = 5/s, b = 60 token bucket walked through on simulated time, and the "2N
-// pitfall" next to a sliding window log. Nothing is slept: time is passed in.
+#include "demo.hpp"
+
 #include <chrono>
+#include <cstdarg>
 #include <cstdio>
 
 #include "sluice/testing/simulated_clock.hpp"
@@ -8,6 +9,8 @@
 #include "sluice/window_limiter.hpp"
 
 using namespace std::chrono_literals;
+
+namespace sluice::cli {
 
 namespace {
 
@@ -18,13 +21,22 @@ struct step {
   std::chrono::milliseconds spacing;  // between the step's requests
 };
 
+__attribute__((format(printf, 2, 3))) void pf(std::ostream& out, const char* format, ...) {
+  char buf[512];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(buf, sizeof buf, format, args);
+  va_end(args);
+  out << buf;
+}
+
 }  // namespace
 
-int main() {
+int run_demo(std::ostream& out) {
   sluice::testing::simulated_clock clock;
   auto bucket = sluice::token_bucket::create({.rate = sluice::per_second(5), .burst = 60, .clock = &clock});
   if (!bucket) {
-    std::fprintf(stderr, "%s\n", bucket.error().message.c_str());
+    pf(out, "%s\n", bucket.error().message.c_str());
     return 1;
   }
   const step steps[] = {
@@ -33,8 +45,8 @@ int main() {
       {"a script: 10 per second for 4 s", 100ms, 40, 100ms},
       {"idle for 60 s, then 70", 60s, 70, 0ms},
   };
-  std::printf("token bucket r=5/s b=60\n");
-  std::printf("%-34s %9s %8s %9s %10s %14s\n", "step", "t (ms)", "admitted", "refused", "remaining", "retry_after ms");
+  pf(out, "token bucket r=5/s b=60\n");
+  pf(out, "%-34s %9s %8s %9s %10s %14s\n", "step", "t (ms)", "admitted", "refused", "remaining", "retry_after ms");
   auto start = clock.now();
   for (const step& s : steps) {
     clock.advance(s.advance);
@@ -45,11 +57,10 @@ int main() {
       last = bucket->try_acquire(clock.now(), 1).value();
       (last.allowed ? admitted : refused)++;
     }
-    std::printf(
-        "%-34s %9lld %8d %9d %10lld %14lld\n", s.what,
-        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - start).count()),
-        admitted, refused, static_cast<long long>(last.remaining),
-        static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(last.retry_after).count()));
+    pf(out, "%-34s %9lld %8d %9d %10lld %14lld\n", s.what,
+       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(clock.now() - start).count()),
+       admitted, refused, static_cast<long long>(last.remaining),
+       static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(last.retry_after).count()));
   }
 
   // The 2N pitfall: r = N/60 s, b = N admits about 2N in 60 s; a sliding window log admits N.
@@ -63,8 +74,9 @@ int main() {
     log_admitted += log->try_acquire(c2.now()).value().allowed;
     c2.advance(100ms);
   }
-  std::printf("\n2N pitfall, N=%d per 60 s, 600 requests in 60 s:\n", n);
-  std::printf("  token bucket r=N/60s b=N admitted %d\n  sliding window log      admitted %d\n", tb_admitted,
-              log_admitted);
+  pf(out, "\n2N pitfall, N=%d per 60 s, 600 requests in 60 s:\n", n);
+  pf(out, "  token bucket r=N/60s b=N admitted %d\n  sliding window log      admitted %d\n", tb_admitted, log_admitted);
   return 0;
 }
+
+}  // namespace sluice::cli

@@ -1,0 +1,72 @@
+"""The sluice CLI as a user runs it: simulate (table, SVG), config check, and check/rules against a
+running sluiced."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sluiced_harness import Sluiced  # noqa: E402
+
+CLI = os.environ.get("SLUICE_CLI", "sluice")
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "examples", "sluice.toml")
+
+
+def run(*args):
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60)
+
+
+class Cli(unittest.TestCase):
+    def test_simulate_prints_the_2n_pitfall_and_draws_it(self):
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "c.svg")
+            r = run("simulate", "--algorithm", "token_bucket", "--rate", "1.6667", "--burst", "100",
+                    "--rule", EXAMPLE + ":ai", "--pattern", "10/s from 0s to 60s", "--svg", svg)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("most admitted in any 60s: 199", r.stdout)
+            self.assertIn("most admitted in any 60s: 100", r.stdout)
+            root = ET.parse(svg).getroot()  # well-formed
+            lines = [e for e in root.iter("{http://www.w3.org/2000/svg}polyline")]
+            self.assertEqual(sorted({e.get("data-policy") for e in lines}), ["0", "1"])
+            self.assertEqual(len(lines), 8)
+            for e in lines:
+                self.assertGreater(len(e.get("points").split()), 50, "one point per step")
+
+    def test_bad_pattern_and_config_are_refused_with_where(self):
+        r = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--pattern",
+                "burst 1\nidle soon")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("2:6: expected a time", r.stderr)
+        with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
+            f.write("[[rules]]\nname = \"x\"\n")
+            f.flush()
+            r = run("config", "check", f.name)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(":1:1: [[rules]] is missing 'algorithm'", r.stderr)
+        r = run("config", "check", EXAMPLE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("ok (4 rules, 2 overrides, backend memory)", r.stdout)
+
+    def test_check_and_rules_against_sluiced(self):
+        s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = "1h"\n')
+        self.addCleanup(s.close)
+        url = "http://127.0.0.1:%d" % s.port
+        first = run("check", "--url", url, "--rule", "api", "--key", "user:42")
+        self.assertEqual(first.returncode, 0, first.stderr)
+        self.assertTrue(first.stdout.startswith("200 "), first.stdout)
+        second = run("check", "--url", url, "--rule", "api", "--key", "user:42")
+        self.assertTrue(second.stdout.startswith("429 "), second.stdout)
+        self.assertIn('"allowed":false', second.stdout)
+        rules = run("rules", "--url", url)
+        self.assertEqual(rules.returncode, 0)
+        self.assertIn('"name":"api"', rules.stdout)
+        down = run("check", "--url", "http://127.0.0.1:1", "--key", "k")
+        self.assertEqual(down.returncode, 2)
+        self.assertIn("cannot reach", down.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,99 @@
+// sluice simulate: the pattern language, the seed's walk-through and the 2N pitfall as golden
+// figures, and the chart's shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "chart.hpp"
+#include "simulation.hpp"
+#include "traffic.hpp"
+
+namespace sluice::cli {
+namespace {
+
+using namespace std::chrono_literals;
+constexpr std::int64_t second = 1'000'000'000;
+
+std::vector<std::int64_t> traffic(std::string_view p) {
+  auto t = parse_traffic(p);
+  EXPECT_TRUE(t.ok()) << t.error().message;
+  return t.ok() ? *t : std::vector<std::int64_t>{};
+}
+
+TEST(Traffic, BurstsRatesAndIdleGaps) {
+  auto t = traffic("burst 3 at 1s; 2/s for 2s\nidle 10s; burst 1");
+  EXPECT_EQ(t, (std::vector<std::int64_t>{second, second, second, second, second + second / 2, 2 * second,
+                                          2 * second + second / 2, 13 * second}));
+  EXPECT_EQ(traffic("10/s from 0s to 60s").size(), 600u);
+  EXPECT_EQ(traffic("burst 2 at 5s; burst 1 at 1s").front(), second) << "times are sorted";
+}
+
+TEST(Traffic, ErrorsGiveLineAndColumn) {
+  for (const auto& [pattern, message] : std::vector<std::pair<std::string, std::string>>{
+           {"burst x at 0s", "1:7: expected a number of requests, got \"x\""},
+           {"burst 5 at 0s\n10/s from 5s too 9s", "2:14: expected \"to\", got \"too\""},
+           {"idle", "1:1: idle takes one duration"},
+           {"jump 5", "1:1: expected burst, idle or a rate"},
+           {"burst 1 at soon", "1:12: expected a time"},
+           {"0/s for 1s", "1:1: expected a rate > 0"},
+           {"5/s from 9s to 1s", "1:16: ends before it starts"},
+           {"burst 1 at 1s extra", "1:15: unexpected \"extra\""},
+           {"burst 20000000", "1:1: more than 10000000 requests"}}) {
+    auto r = parse_traffic(pattern);
+    ASSERT_FALSE(r.ok()) << pattern;
+    EXPECT_EQ(r.error().message.rfind(message, 0), 0u) << r.error().message;
+  }
+}
+
+// The seed note's walk-through of r = 5/s, b = 60: a burst of 61 (the 61st refused), one more
+// 200 ms later (one token refilled), then after a minute's rest the bucket is full again.
+TEST(Simulate, SeedWalkThrough) {
+  auto s = simulate(token_bucket_policy(per_second(5), 60),
+                    traffic("burst 61 at 0s; burst 1 at 200ms; burst 70 at 60200ms"), second, 60 * second);
+  EXPECT_EQ(s.requests, 132);
+  EXPECT_EQ(s.admitted, 121);
+  EXPECT_EQ(s.refused, 11);
+  EXPECT_EQ(s.steps[0].admitted, 61);
+  EXPECT_EQ(s.steps[0].refused, 1);
+  EXPECT_EQ(s.steps[60].admitted, 60);
+  EXPECT_EQ(s.steps[60].refused, 10);
+  const std::string table = render_table(s);
+  EXPECT_NE(table.find("token_bucket rate=5/s burst=60\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("     total       132       121        11\n"), std::string::npos) << table;
+}
+
+// The 2N pitfall: r = N/60 s, b = N with 10 requests a second for a minute admits 2N − 1 in 60 s
+// (119 while the burst drains at 10/s against a refill of 1/0.6 s, then one every 0.6 s: 80 more);
+// a sliding window log of N per 60 s admits N.
+TEST(Simulate, TwoNPitfall) {
+  const auto t = traffic("10/s from 0s to 60s");
+  auto bucket = simulate(token_bucket_policy(per_minute(100), 100), t, second, 60 * second);
+  EXPECT_EQ(bucket.admitted, 199);
+  EXPECT_EQ(bucket.max_admitted_in_window, 199);
+  auto log = simulate(sliding_window_policy(100, 60s), t, second, 60 * second);
+  EXPECT_EQ(log.admitted, 100);
+  EXPECT_EQ(log.max_admitted_in_window, 100);
+  EXPECT_NE(render_table(bucket).find("most admitted in any 60s: 199\n"), std::string::npos);
+}
+
+TEST(Chart, OnePanelAndFourSeriesPerPolicy) {
+  const auto t = traffic("burst 50 at 0s; 10/s for 30s");
+  const std::string svg = render_svg({simulate(token_bucket_policy(per_second(5), 60), t, second, 60 * second),
+                                      simulate(fixed_window_policy(100, 60s), t, second, 60 * second)});
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_TRUE(svg.ends_with("</svg>\n"));
+  auto count = [&](const std::string& s) {
+    std::size_t n = 0;
+    for (auto at = svg.find(s); at != std::string::npos; at = svg.find(s, at + 1)) ++n;
+    return n;
+  };
+  for (const char* cls : {"requests", "admitted", "refused", "remaining"}) {
+    EXPECT_EQ(count(std::string("class=\"") + cls + "\""), 2u) << cls;
+  }
+  EXPECT_EQ(count("data-policy=\"1\""), 4u);
+  EXPECT_NE(svg.find("fixed_window limit=100 window=60s"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::cli

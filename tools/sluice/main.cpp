@@ -1,0 +1,194 @@
+// sluice: see what a policy does before you ship it (simulate, demo), and what sluiced does after
+// (check, rules, config check).
+#include <CLI/CLI.hpp>
+#include <httplib.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "chart.hpp"
+#include "demo.hpp"
+#include "simulation.hpp"
+#include "sluice/server/config.hpp"
+#include "sluice/server/server.hpp"
+#include "traffic.hpp"
+
+namespace {
+
+using namespace sluice;
+
+int fail(const std::string& message) {
+  std::cerr << "sluice: " << message << '\n';
+  return 2;
+}
+
+// "FILE:NAME": the rule NAME of a sluiced config file.
+result<policy> rule_from_file(const std::string& spec) {
+  const auto colon = spec.rfind(':');
+  if (colon == std::string::npos) return error(errc::invalid_argument, "--rule takes FILE:NAME, got \"" + spec + "\"");
+  auto cfg = load_config(spec.substr(0, colon));
+  if (!cfg) return cfg.error();
+  const rule* r = cfg->find_rule(spec.substr(colon + 1));
+  if (r == nullptr)
+    return error(errc::invalid_argument, "no rule \"" + spec.substr(colon + 1) + "\" in " + spec.substr(0, colon));
+  if (r->is_dual_layer())
+    return error(errc::invalid_argument, "rule \"" + r->name + "\" is dual-layer: simulate one layer");
+  return r->limit;
+}
+
+struct inline_policy {
+  std::string algorithm;
+  double rate = 0;
+  std::int64_t burst = 0, limit = 0;
+  std::string window;
+
+  result<policy> make() const {
+    auto a = algorithm_from_string(algorithm);
+    if (!a)
+      return error(errc::invalid_argument,
+                   "--algorithm must be token_bucket, sliding_window, sliding_window_counter or fixed_window");
+    policy p;
+    if (*a == algorithm::token_bucket) {
+      p = token_bucket_policy(per_second(rate), burst);
+    } else {
+      auto w = parse_duration(window);
+      if (!w) return error(errc::invalid_argument, "--window " + w.error().message);
+      p = *a == algorithm::fixed_window             ? fixed_window_policy(limit, *w)
+          : *a == algorithm::sliding_window_counter ? sliding_window_counter_policy(limit, *w)
+                                                    : sliding_window_policy(limit, *w);
+    }
+    if (auto v = validate(p); !v) return v.error();
+    return p;
+  }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int http(const std::string& url, const char* method, const std::string& path, const std::string& body) {
+  httplib::Client client(url);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(5);
+  auto r = std::string(method) == "GET" ? client.Get(path) : client.Post(path, body, "application/json");
+  if (!r) return fail("cannot reach " + url + ": " + httplib::to_string(r.error()));
+  std::cout << r->status << ' ' << r->body << '\n';
+  return r->status < 300 || r->status == 429 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"sluice: simulate rate-limit policies, and ask a running sluiced"};
+  app.require_subcommand(1);
+
+  auto* sim = app.add_subcommand("simulate", "Replay a traffic pattern against one or more policies");
+  std::string pattern, traffic_file, svg_file, step = "1s", window_of = "60s";
+  std::vector<std::string> rule_specs;
+  inline_policy in;
+  sim->add_option("--pattern", pattern, "e.g. \"burst 60 at 0s; 10/s from 0s to 30s; idle 20s; burst 60\"");
+  sim->add_option("--traffic", traffic_file, "a file holding a pattern");
+  sim->add_option("--rule", rule_specs, "FILE:NAME, a rule of a sluiced config (repeatable)");
+  sim->add_option("--algorithm", in.algorithm, "token_bucket | sliding_window | sliding_window_counter | fixed_window");
+  sim->add_option("--rate", in.rate, "token bucket: tokens per second");
+  sim->add_option("--burst", in.burst, "token bucket: capacity");
+  sim->add_option("--limit", in.limit, "windows: admissions per window");
+  sim->add_option("--window", in.window, "windows: length, e.g. 60s");
+  sim->add_option("--step", step, "table and chart step (default 1s)");
+  sim->add_option("--max-window", window_of, "report the most admitted in any window this long (default 60s)");
+  sim->add_option("--svg", svg_file, "draw the runs into this SVG file");
+
+  auto* demo = app.add_subcommand("demo", "The r = 5/s, b = 60 walk-through and the 2N pitfall");
+
+  auto* check = app.add_subcommand("check", "Ask a running sluiced for one decision");
+  std::string url = "http://127.0.0.1:8080", rule_name = "default", key, tenant, user;
+  std::int64_t cost = 1;
+  check->add_option("--url", url, "sluiced's address");
+  check->add_option("--rule", rule_name, "the rule");
+  check->add_option("--key", key, "single-layer rules: the key");
+  check->add_option("--tenant", tenant, "dual-layer rules: the tenant");
+  check->add_option("--user", user, "dual-layer rules: the user");
+  check->add_option("--cost", cost, "units (default 1)");
+
+  auto* rules = app.add_subcommand("rules", "List the rules a running sluiced has in force");
+  rules->add_option("--url", url, "sluiced's address");
+
+  auto* config = app.add_subcommand("config", "Work with sluiced config files");
+  auto* config_check = config->add_subcommand("check", "Validate a config as sluiced --check-config does");
+  std::string config_file;
+  config_check->add_option("FILE", config_file, "the TOML file")->required();
+  config->require_subcommand(1);
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (*demo) return cli::run_demo(std::cout);
+  if (*rules) return http(url, "GET", "/v1/rules", "");
+  if (*check) {
+    std::string body = "{\"rule\":\"" + rule_name + "\",\"cost\":" + std::to_string(cost);
+    auto field = [&](const char* name, const std::string& v) {
+      if (v.empty()) return;
+      body += ",\"";
+      body += name;
+      body += "\":\"";
+      for (char c : v) {
+        if (c == '"' || c == '\\') body += '\\';
+        body += c;
+      }
+      body += '"';
+    };
+    field("key", key);
+    field("tenant", tenant);
+    field("user", user);
+    return http(url, "POST", "/v1/check", body + "}");
+  }
+  if (*config_check) {
+    auto cfg = load_config(config_file);
+    if (cfg) {
+      if (auto s = server::check_servable(*cfg); !s) cfg = s.error();
+    }
+    if (!cfg) {
+      std::cerr << cfg.error().message << '\n';
+      return 1;
+    }
+    std::cout << config_file << ": ok (" << cfg->rules.size() << " rules, " << cfg->overrides.size()
+              << " overrides, backend " << to_string(cfg->backend.type) << ")\n";
+    return 0;
+  }
+
+  // simulate
+  std::vector<policy> policies;
+  if (!in.algorithm.empty()) {
+    auto p = in.make();
+    if (!p) return fail(p.error().message);
+    policies.push_back(*p);
+  }
+  for (const auto& spec : rule_specs) {
+    auto p = rule_from_file(spec);
+    if (!p) return fail(p.error().message);
+    policies.push_back(*p);
+  }
+  if (policies.empty()) return fail("simulate needs a policy: --algorithm ... or --rule FILE:NAME");
+  if (pattern.empty() == traffic_file.empty()) return fail("simulate needs one of --pattern or --traffic");
+  if (!traffic_file.empty()) pattern = read_file(traffic_file);
+  auto times = cli::parse_traffic(pattern);
+  if (!times) return fail("traffic " + times.error().message);
+  auto step_ns = parse_duration(step);
+  auto window_ns = parse_duration(window_of);
+  if (!step_ns || step_ns->count() <= 0) return fail("--step must be a duration like 1s");
+  if (!window_ns || window_ns->count() <= 0) return fail("--max-window must be a duration like 60s");
+  std::vector<cli::simulation> runs;
+  for (const policy& p : policies) {
+    runs.push_back(cli::simulate(p, *times, step_ns->count(), window_ns->count()));
+    std::cout << cli::render_table(runs.back()) << '\n';
+  }
+  if (!svg_file.empty()) {
+    std::ofstream out(svg_file, std::ios::binary);
+    out << cli::render_svg(runs);
+    if (!out) return fail("cannot write " + svg_file);
+  }
+  return 0;
+}

@@ -1,0 +1,40 @@
+// tools/sluice/simulation.hpp — one policy over a traffic pattern, on simulated time: the project's
+// own limiter state machines (limiter_state, the in-process backend's), one key, nothing slept.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sluice/policy.hpp"
+
+namespace sluice::cli {
+
+struct step_row {
+  std::int64_t start_ns = 0;
+  std::int64_t requests = 0;
+  std::int64_t admitted = 0;
+  std::int64_t refused = 0;
+  std::int64_t remaining = 0;  ///< what a check at the step's end would leave (the budget then)
+};
+
+struct simulation {
+  std::string name;  ///< how the policy is shown: "token_bucket rate=5/s burst=60"
+  std::vector<step_row> steps;
+  std::int64_t requests = 0, admitted = 0, refused = 0;
+  std::int64_t max_admitted_in_window = 0;  ///< the most admitted in any window of `window_ns`
+  std::int64_t window_ns = 0;
+};
+
+/// "token_bucket rate=5/s burst=60", "sliding_window limit=100 window=60s".
+std::string describe(const policy& p);
+
+/// Replays `times` (sorted ns) against `p`, one cost-1 check each, in steps of `step_ns` up to the
+/// last request's step (at least `until_ns`). Precondition: validate(p).
+simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
+                    std::int64_t window_ns, std::int64_t until_ns = 0);
+
+/// The table and totals as text.
+std::string render_table(const simulation& s);
+
+}  // namespace sluice::cli

@@ -1,0 +1,28 @@
+// tools/sluice/traffic.hpp — the traffic a simulation replays: request times from a small pattern
+// language.
+//
+//   burst 60 at 0s; 10/s from 0s to 30s; idle 20s; burst 60
+//
+// Statements are separated by `;` or new lines. A cursor starts at 0s:
+//   burst N [at T]        N requests at T (default: the cursor); the cursor moves to T
+//   R/s from T1 to T2     R requests a second, evenly spaced, in [T1, T2); the cursor moves to T2
+//   R/s for D             the same from the cursor for D
+//   idle D                the cursor moves D on
+// Times and durations are "250ms", "30s", "5m", "1h". Errors give the line and column.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "sluice/error.hpp"
+
+namespace sluice::cli {
+
+/// Most requests a pattern may make.
+inline constexpr std::size_t max_requests = 10'000'000;
+
+/// Request times in ns from the start, sorted.
+result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern);
+
+}  // namespace sluice::cli
