@@ -76,6 +76,14 @@ std::string render_svg(const std::vector<simulation>& runs) {
                   "<text x=\"4\" y=\"%d\">%lld/step</text>\n<text x=\"%d\" y=\"%d\">%lld left</text>\n", top + 10,
                   static_cast<long long>(most), width - margin_right + 4, top + 10, static_cast<long long>(budget));
     out += buf;
+    // The time axis: its two ends.
+    const double end_s =
+        static_cast<double>(s.steps.size()) *
+        static_cast<double>(s.steps.size() > 1 ? s.steps[1].start_ns - s.steps[0].start_ns : 1'000'000'000) / 1e9;
+    std::snprintf(buf, sizeof buf,
+                  "<text x=\"%d\" y=\"%d\">0 s</text>\n<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%g s</text>\n",
+                  margin_left, top + plot_height + 14, width - margin_right, top + plot_height + 14, end_s);
+    out += buf;
     out += series(s, p, "requests", "#888888", static_cast<double>(most), &step_row::requests);
     out += series(s, p, "admitted", "#2a9d3f", static_cast<double>(most), &step_row::admitted);
     out += series(s, p, "refused", "#d62828", static_cast<double>(most), &step_row::refused);
@@ -84,7 +92,7 @@ std::string render_svg(const std::vector<simulation>& runs) {
                   "<text x=\"%d\" y=\"%d\"><tspan fill=\"#888888\">requests</tspan>  <tspan fill=\"#2a9d3f\">admitted"
                   "</tspan>  <tspan fill=\"#d62828\">refused</tspan>  <tspan fill=\"#1d4ed8\">remaining</tspan>"
                   "  (per step, over time)</text>\n",
-                  margin_left, top + plot_height + 20);
+                  margin_left, top + plot_height + 30);
     out += buf;
   }
   out += "</svg>\n";

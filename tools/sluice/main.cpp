@@ -3,6 +3,10 @@
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -13,6 +17,8 @@
 #include "sluice/server/config.hpp"
 #include "sluice/server/server.hpp"
 #include "traffic.hpp"
+
+extern char** environ;
 
 namespace {
 
@@ -70,6 +76,27 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// Rasterises an SVG with rsvg-convert (Debian's librsvg2-bin), run directly: no shell sees the names.
+result<void> write_png(const std::string& svg, const std::string& png) {
+  char tmpl[] = "/tmp/sluice-chart-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd < 0) return error(errc::invalid_argument, "cannot make a temporary file");
+  const bool written = ::write(fd, svg.data(), svg.size()) == static_cast<ssize_t>(svg.size());
+  ::close(fd);
+  int status = -1;
+  if (written) {
+    std::string out = png;
+    std::vector<char*> argv = {const_cast<char*>("rsvg-convert"), const_cast<char*>("-o"), out.data(), tmpl, nullptr};
+    pid_t pid = 0;
+    if (::posix_spawnp(&pid, "rsvg-convert", nullptr, nullptr, argv.data(), environ) == 0) ::waitpid(pid, &status, 0);
+  }
+  ::unlink(tmpl);
+  if (!written || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return error(errc::invalid_argument, "--png needs rsvg-convert (Debian's librsvg2-bin) and a writable " + png);
+  }
+  return {};
+}
+
 int http(const std::string& url, const char* method, const std::string& path, const std::string& body) {
   httplib::Client client(url);
   client.set_connection_timeout(2);
@@ -87,11 +114,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   auto* sim = app.add_subcommand("simulate", "Replay a traffic pattern against one or more policies");
-  std::string pattern, traffic_file, svg_file, step = "1s", window_of = "60s";
+  std::string pattern, traffic_file, csv_file, svg_file, png_file, step = "1s", window_of = "60s";
   std::vector<std::string> rule_specs;
   inline_policy in;
   sim->add_option("--pattern", pattern, "e.g. \"burst 60 at 0s; 10/s from 0s to 30s; idle 20s; burst 60\"");
   sim->add_option("--traffic", traffic_file, "a file holding a pattern");
+  sim->add_option("--csv", csv_file, "a CSV of time[,key] rows (seconds, e.g. from an access log)");
   sim->add_option("--rule", rule_specs, "FILE:NAME, a rule of a sluiced config (repeatable)");
   sim->add_option("--algorithm", in.algorithm, "token_bucket | sliding_window | sliding_window_counter | fixed_window");
   sim->add_option("--rate", in.rate, "token bucket: tokens per second");
@@ -101,6 +129,7 @@ int main(int argc, char** argv) {
   sim->add_option("--step", step, "table and chart step (default 1s)");
   sim->add_option("--max-window", window_of, "report the most admitted in any window this long (default 60s)");
   sim->add_option("--svg", svg_file, "draw the runs into this SVG file");
+  sim->add_option("--png", png_file, "draw the runs into this PNG file (with rsvg-convert)");
 
   auto* demo = app.add_subcommand("demo", "The r = 5/s, b = 60 walk-through and the 2N pitfall");
 
@@ -172,23 +201,36 @@ int main(int argc, char** argv) {
     policies.push_back(*p);
   }
   if (policies.empty()) return fail("simulate needs a policy: --algorithm ... or --rule FILE:NAME");
-  if (pattern.empty() == traffic_file.empty()) return fail("simulate needs one of --pattern or --traffic");
-  if (!traffic_file.empty()) pattern = read_file(traffic_file);
-  auto times = cli::parse_traffic(pattern);
-  if (!times) return fail("traffic " + times.error().message);
+  if (!pattern.empty() + !traffic_file.empty() + !csv_file.empty() != 1) {
+    return fail("simulate needs one of --pattern, --traffic or --csv");
+  }
+  cli::traffic requests;
+  if (!csv_file.empty()) {
+    auto t = cli::parse_csv(read_file(csv_file));
+    if (!t) return fail(csv_file + ": " + t.error().message);
+    requests = std::move(*t);
+  } else {
+    if (!traffic_file.empty()) pattern = read_file(traffic_file);
+    auto times = cli::parse_traffic(pattern);
+    if (!times) return fail("traffic " + times.error().message);
+    requests.times = std::move(*times);
+  }
   auto step_ns = parse_duration(step);
   auto window_ns = parse_duration(window_of);
   if (!step_ns || step_ns->count() <= 0) return fail("--step must be a duration like 1s");
   if (!window_ns || window_ns->count() <= 0) return fail("--max-window must be a duration like 60s");
   std::vector<cli::simulation> runs;
   for (const policy& p : policies) {
-    runs.push_back(cli::simulate(p, *times, step_ns->count(), window_ns->count()));
+    runs.push_back(cli::simulate(p, requests.times, step_ns->count(), window_ns->count(), 0, requests.keys));
     std::cout << cli::render_table(runs.back()) << '\n';
   }
   if (!svg_file.empty()) {
     std::ofstream out(svg_file, std::ios::binary);
     out << cli::render_svg(runs);
     if (!out) return fail("cannot write " + svg_file);
+  }
+  if (!png_file.empty()) {
+    if (auto r = write_png(cli::render_svg(runs), png_file); !r) return fail(r.error().message);
   }
   return 0;
 }

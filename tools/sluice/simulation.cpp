@@ -35,32 +35,44 @@ std::string describe(const policy& p) {
 }
 
 simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
-                    std::int64_t window_ns, std::int64_t until_ns) {
+                    std::int64_t window_ns, std::int64_t until_ns, const std::vector<std::uint32_t>& keys) {
   simulation out;
   out.name = describe(p);
   out.window_ns = window_ns;
   const compiled_policy cp = compiled_policy::from(p);
-  limiter_state state = limiter_state::make(cp);
+  std::uint32_t key_count = 1;
+  for (std::uint32_t k : keys) key_count = std::max(key_count, k + 1);
+  std::vector<limiter_state> states(key_count, limiter_state::make(cp));
+  std::vector<bool> seen(key_count, false);
+  std::vector<std::deque<std::int64_t>> in_window(key_count);  // each key's admissions in the last window_ns
   const std::int64_t end = std::max(until_ns, times.empty() ? 0 : times.back() + 1);
-  std::deque<std::int64_t> in_window;  // admissions within the last window_ns
   std::size_t next = 0;
   for (std::int64_t start = 0; start < end; start += step_ns) {
     step_row row{.start_ns = start};
     for (; next < times.size() && times[next] < start + step_ns; ++next) {
       const std::int64_t t = times[next];
+      const std::uint32_t k = keys.empty() ? 0 : keys[next];
+      seen[k] = true;
       ++row.requests;
-      if (check_and_commit(state, cp, t, 1).allowed) {
+      if (check_and_commit(states[k], cp, t, 1).allowed) {
         ++row.admitted;
-        in_window.push_back(t);
-        while (in_window.front() <= t - window_ns) in_window.pop_front();
-        out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, in_window.size());
+        auto& w = in_window[k];
+        w.push_back(t);
+        while (w.front() <= t - window_ns) w.pop_front();
+        out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, w.size());
       } else {
         ++row.refused;
       }
     }
-    // The budget at the step's end: what admitting one more would leave, plus that one.
-    const decision d = state.evaluate(cp, start + step_ns, 1);
-    row.remaining = d.allowed ? d.remaining + 1 : d.remaining;
+    // The budget at the step's end (of the key with the least): what one more would leave, plus it.
+    row.remaining = -1;
+    for (std::uint32_t k = 0; k < key_count; ++k) {
+      if (!seen[k] && key_count > 1) continue;
+      const decision d = states[k].evaluate(cp, start + step_ns, 1);
+      const std::int64_t budget = d.allowed ? d.remaining + 1 : d.remaining;
+      row.remaining = row.remaining < 0 ? budget : std::min(row.remaining, budget);
+    }
+    if (row.remaining < 0) row.remaining = p.algorithm == algorithm::token_bucket ? p.burst : p.limit;
     out.requests += row.requests;
     out.admitted += row.admitted;
     out.refused += row.refused;

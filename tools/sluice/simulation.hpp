@@ -30,9 +30,11 @@ struct simulation {
 std::string describe(const policy& p);
 
 /// Replays `times` (sorted ns) against `p`, one cost-1 check each, in steps of `step_ns` up to the
-/// last request's step (at least `until_ns`). Precondition: validate(p).
+/// last request's step (at least `until_ns`). With `keys` (one per request), each key has its own
+/// limiter: `remaining` is then the smallest budget of any key seen, and the most admitted in a
+/// window the most any one key got. Precondition: validate(p).
 simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
-                    std::int64_t window_ns, std::int64_t until_ns = 0);
+                    std::int64_t window_ns, std::int64_t until_ns = 0, const std::vector<std::uint32_t>& keys = {});
 
 /// The table and totals as text.
 std::string render_table(const simulation& s);

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <string>
+#include <unordered_map>
 
 #include "sluice/server/config.hpp"
 
@@ -151,6 +152,51 @@ result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern) {
   }
   std::stable_sort(times.begin(), times.end());
   return times;
+}
+
+result<traffic> parse_csv(std::string_view text) {
+  traffic out;
+  std::vector<std::pair<double, std::uint32_t>> rows;
+  std::unordered_map<std::string, std::uint32_t> ids;
+  bool any_key = false;
+  std::size_t row = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    std::size_t end = text.find('\n', at);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(at, end - at);
+    at = end + 1;
+    ++row;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const std::size_t comma = line.find(',');
+    const std::string_view time = line.substr(0, comma);
+    const std::string_view key = comma == std::string_view::npos ? std::string_view() : line.substr(comma + 1);
+    if (row == 1 && (time == "time" || time == "timestamp")) continue;  // a header
+    double t = 0;
+    auto [p, ec] = std::from_chars(time.data(), time.data() + time.size(), t);
+    if (ec != std::errc() || p != time.data() + time.size() || !std::isfinite(t) || t < 0) {
+      return error(errc::invalid_argument, "row " + std::to_string(row) + ": expected a time in seconds, got \"" +
+                                               std::string(time.substr(0, 64)) + "\"");
+    }
+    if (key.find(',') != std::string_view::npos) {
+      return error(errc::invalid_argument, "row " + std::to_string(row) + ": expected time[,key], got more columns");
+    }
+    if (rows.size() >= max_requests)
+      return error(errc::invalid_argument, "more than " + std::to_string(max_requests) + " rows");
+    any_key = any_key || !key.empty();
+    auto [it, fresh] = ids.try_emplace(std::string(key), static_cast<std::uint32_t>(out.key_names.size()));
+    if (fresh) out.key_names.emplace_back(key);
+    rows.emplace_back(t, it->second);
+  }
+  if (rows.empty()) return error(errc::invalid_argument, "no rows");
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const double first = rows.front().first;
+  for (const auto& [t, k] : rows) {
+    out.times.push_back(std::llround((t - first) * 1e9));
+    if (any_key) out.keys.push_back(k);
+  }
+  if (!any_key) out.key_names.clear();
+  return out;
 }
 
 }  // namespace sluice::cli

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -22,7 +23,19 @@ namespace sluice::cli {
 /// Most requests a pattern may make.
 inline constexpr std::size_t max_requests = 10'000'000;
 
-/// Request times in ns from the start, sorted.
+/// Requests to replay: times in ns from the start, sorted, and for each the key it concerns.
+struct traffic {
+  std::vector<std::int64_t> times;
+  std::vector<std::uint32_t> keys;  ///< index into key_names, per request; empty: one key
+  std::vector<std::string> key_names;
+};
+
+/// Request times in ns from the start, sorted, all of one key.
 result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern);
+
+/// A CSV of `time[,key]` rows — time in seconds (decimals allowed, e.g. a Unix time from an access
+/// log), key any text without a comma — with an optional `time,key` header. Times are taken
+/// relative to the earliest. Errors name the row.
+result<traffic> parse_csv(std::string_view text);
 
 }  // namespace sluice::cli

@@ -2,11 +2,13 @@
 running sluiced."""
 
 import os
+import struct
 import subprocess
 import sys
 import tempfile
 import unittest
 import xml.etree.ElementTree as ET
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sluiced_harness import Sluiced  # noqa: E402
@@ -34,6 +36,33 @@ class Cli(unittest.TestCase):
             self.assertEqual(len(lines), 8)
             for e in lines:
                 self.assertGreater(len(e.get("points").split()), 50, "one point per step")
+
+    def test_png_is_rendered_and_not_blank(self):
+        with tempfile.TemporaryDirectory() as d:
+            png = os.path.join(d, "c.png")
+            csv = os.path.join(d, "log.csv")
+            with open(csv, "w") as f:
+                f.write("time,key\n" + "".join("%.1f,user:%d\n" % (1700000000 + i / 10, i % 3) for i in range(600)))
+            r = run("simulate", "--algorithm", "fixed_window", "--limit", "50", "--window", "60s",
+                    "--rule", EXAMPLE + ":api", "--csv", csv, "--png", png)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("total       600", r.stdout)
+            with open(png, "rb") as f:
+                data = f.read()
+            self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+            width, height = struct.unpack(">II", data[16:24])
+            self.assertEqual((width, height), (900, 2 * 260 + 20), "one panel per policy")
+            pixels, at = b"", 8
+            while at < len(data):
+                length, kind = struct.unpack(">I4s", data[at:at + 8])
+                if kind == b"IDAT":
+                    pixels += data[at + 8:at + 8 + length]
+                at += 12 + length
+            raw = zlib.decompress(pixels)
+            self.assertGreater(len(set(raw)), 8, "drawn, not blank")
+        bad = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--csv", "/dev/null")
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("no rows", bad.stderr)
 
     def test_bad_pattern_and_config_are_refused_with_where(self):
         r = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--pattern",

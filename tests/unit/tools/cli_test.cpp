@@ -77,6 +77,36 @@ TEST(Simulate, TwoNPitfall) {
   EXPECT_NE(render_table(bucket).find("most admitted in any 60s: 199\n"), std::string::npos);
 }
 
+TEST(Traffic, CsvRowsWithKeys) {
+  auto t = parse_csv("time,key\n1700000000.5,alice\n1700000000,bob\n\n1700000002,alice\r\n");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->times, (std::vector<std::int64_t>{0, second / 2, 2 * second}));
+  ASSERT_EQ(t->key_names.size(), 2u);
+  EXPECT_EQ(t->key_names[t->keys[0]], "bob");
+  EXPECT_EQ(t->key_names[t->keys[1]], "alice");
+  auto bare = parse_csv("5\n6\n");
+  ASSERT_TRUE(bare.ok());
+  EXPECT_TRUE(bare->keys.empty()) << "no key column: one key";
+  for (const auto& [csv, message] :
+       std::vector<std::pair<std::string, std::string>>{{"1\n2\nsoon,k\n", "row 3: expected a time in seconds"},
+                                                        {"1,a,b\n", "row 1: expected time[,key]"},
+                                                        {"-1\n", "row 1: expected a time"},
+                                                        {"", "no rows"}}) {
+    auto r = parse_csv(csv);
+    ASSERT_FALSE(r.ok()) << csv;
+    EXPECT_EQ(r.error().message.rfind(message, 0), 0u) << r.error().message;
+  }
+}
+
+TEST(Simulate, EachKeyHasItsOwnLimit) {
+  auto t = parse_csv("0,a\n0,a\n0,a\n0,b\n0,b\n0,b\n").value();
+  auto s = simulate(fixed_window_policy(2, 60s), t.times, second, 60 * second, 0, t.keys);
+  EXPECT_EQ(s.admitted, 4);
+  EXPECT_EQ(s.refused, 2);
+  EXPECT_EQ(s.max_admitted_in_window, 2) << "the most any one key got";
+  EXPECT_EQ(s.steps[0].remaining, 0);
+}
+
 TEST(Chart, OnePanelAndFourSeriesPerPolicy) {
   const auto t = traffic("burst 50 at 0s; 10/s for 30s");
   const std::string svg = render_svg({simulate(token_bucket_policy(per_second(5), 60), t, second, 60 * second),
