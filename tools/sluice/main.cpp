@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <iostream>
 #include <sstream>
 
@@ -97,6 +99,47 @@ result<void> write_png(const std::string& svg, const std::string& png) {
   return {};
 }
 
+// Replays `t` against a running sluiced on the wall clock: request i is sent at start + times[i]
+// (late when the service is slower than the pattern), for rule `rule` and the request's key.
+result<cli::simulation> replay(const std::string& url, const std::string& rule, const cli::traffic& t,
+                               std::int64_t step_ns, std::int64_t window_ns) {
+  constexpr std::int64_t max_duration_ns = 120'000'000'000;
+  constexpr std::size_t max_replayed = 20'000;
+  if (!t.times.empty() && t.times.back() > max_duration_ns) {
+    return error(errc::invalid_argument, "--url replays at most 120 s of traffic");
+  }
+  if (t.times.size() > max_replayed) return error(errc::invalid_argument, "--url replays at most 20,000 requests");
+  httplib::Client client(url);
+  client.set_connection_timeout(2);
+  client.set_read_timeout(5);
+  client.set_keep_alive(true);
+  std::vector<bool> admitted;
+  std::vector<std::int64_t> remaining;
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < t.times.size(); ++i) {
+    std::this_thread::sleep_until(start + std::chrono::nanoseconds(t.times[i]));  // pacing real requests
+    const std::string key = t.keys.empty() ? "simulate" : t.key_names[t.keys[i]];
+    std::string body = "{\"rule\":\"" + rule + "\",\"key\":\"";
+    for (char c : key) {
+      if (c == '"' || c == '\\') body += '\\';
+      body += c;
+    }
+    body += "\"}";
+    auto r = client.Post("/v1/check", body, "application/json");
+    if (!r) return error(errc::backend_unavailable, "cannot reach " + url + ": " + httplib::to_string(r.error()));
+    if (r->status != 200 && r->status != 429) {
+      return error(errc::invalid_argument,
+                   "sluiced answered " + std::to_string(r->status) + ": " + r->body.substr(0, 200));
+    }
+    admitted.push_back(r->status == 200);
+    std::int64_t left = 0;
+    if (auto at = r->body.find("\"remaining\":"); at != std::string::npos) left = std::atoll(r->body.c_str() + at + 12);
+    remaining.push_back(left);
+  }
+  return cli::tally("sluiced rule " + rule + " at " + url + " (observed)", t.times, admitted, remaining, step_ns,
+                    window_ns);
+}
+
 int http(const std::string& url, const char* method, const std::string& path, const std::string& body) {
   httplib::Client client(url);
   client.set_connection_timeout(2);
@@ -130,6 +173,9 @@ int main(int argc, char** argv) {
   sim->add_option("--max-window", window_of, "report the most admitted in any window this long (default 60s)");
   sim->add_option("--svg", svg_file, "draw the runs into this SVG file");
   sim->add_option("--png", png_file, "draw the runs into this PNG file (with rsvg-convert)");
+  std::string replay_url, replay_rule;
+  sim->add_option("--url", replay_url, "also replay the traffic against this running sluiced, on the wall clock");
+  sim->add_option("--url-rule", replay_rule, "the rule to check there (default: the first --rule's name)");
 
   auto* demo = app.add_subcommand("demo", "The r = 5/s, b = 60 walk-through and the 2N pitfall");
 
@@ -222,6 +268,15 @@ int main(int argc, char** argv) {
   std::vector<cli::simulation> runs;
   for (const policy& p : policies) {
     runs.push_back(cli::simulate(p, requests.times, step_ns->count(), window_ns->count(), 0, requests.keys));
+    std::cout << cli::render_table(runs.back()) << '\n';
+  }
+  if (!replay_url.empty()) {
+    if (replay_rule.empty() && !rule_specs.empty())
+      replay_rule = rule_specs.front().substr(rule_specs.front().rfind(':') + 1);
+    if (replay_rule.empty()) return fail("--url needs --url-rule (or a --rule FILE:NAME)");
+    auto observed = replay(replay_url, replay_rule, requests, step_ns->count(), window_ns->count());
+    if (!observed) return fail(observed.error().message);
+    runs.push_back(std::move(*observed));
     std::cout << cli::render_table(runs.back()) << '\n';
   }
   if (!svg_file.empty()) {

@@ -81,6 +81,38 @@ simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std
   return out;
 }
 
+simulation tally(std::string name, const std::vector<std::int64_t>& times, const std::vector<bool>& admitted,
+                 const std::vector<std::int64_t>& remaining, std::int64_t step_ns, std::int64_t window_ns) {
+  simulation out;
+  out.name = std::move(name);
+  out.window_ns = window_ns;
+  std::deque<std::int64_t> in_window;
+  std::size_t next = 0;
+  std::int64_t budget = 0;
+  const std::int64_t end = times.empty() ? 0 : times.back() + 1;
+  for (std::int64_t start = 0; start < end; start += step_ns) {
+    step_row row{.start_ns = start};
+    for (; next < times.size() && times[next] < start + step_ns; ++next) {
+      ++row.requests;
+      budget = remaining[next];
+      if (admitted[next]) {
+        ++row.admitted;
+        in_window.push_back(times[next]);
+        while (in_window.front() <= times[next] - window_ns) in_window.pop_front();
+        out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, in_window.size());
+      } else {
+        ++row.refused;
+      }
+    }
+    row.remaining = budget;
+    out.requests += row.requests;
+    out.admitted += row.admitted;
+    out.refused += row.refused;
+    out.steps.push_back(row);
+  }
+  return out;
+}
+
 std::string render_table(const simulation& s) {
   std::string out = s.name + "\n";
   char buf[160];

@@ -36,6 +36,11 @@ std::string describe(const policy& p);
 simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
                     std::int64_t window_ns, std::int64_t until_ns = 0, const std::vector<std::uint32_t>& keys = {});
 
+/// What a service answered to `times` (sorted ns), as a simulation: `admitted[i]` and the
+/// `remaining[i]` it reported for request i, the last of each step shown as its budget.
+simulation tally(std::string name, const std::vector<std::int64_t>& times, const std::vector<bool>& admitted,
+                 const std::vector<std::int64_t>& remaining, std::int64_t step_ns, std::int64_t window_ns);
+
 /// The table and totals as text.
 std::string render_table(const simulation& s);
 

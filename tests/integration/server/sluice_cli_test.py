@@ -64,6 +64,27 @@ class Cli(unittest.TestCase):
         self.assertEqual(bad.returncode, 2)
         self.assertIn("no rows", bad.stderr)
 
+    def test_replay_against_sluiced_beside_the_prediction(self):
+        s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 5\nwindow = "1h"\n')
+        self.addCleanup(s.close)
+        with tempfile.TemporaryDirectory() as d:
+            svg = os.path.join(d, "c.svg")
+            r = run("simulate", "--rule", s.config_path + ":api", "--pattern", "burst 3 at 0s; 10/s from 100ms to 600ms",
+                    "--url", "http://127.0.0.1:%d" % s.port, "--step", "100ms", "--svg", svg)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            predicted, observed = r.stdout.split("\n\n")[:2]
+            self.assertIn("fixed_window limit=5 window=3600s", predicted)
+            self.assertIn("(observed)", observed)
+            for table in (predicted, observed):
+                self.assertIn("     total         8         5         3", table)
+            root = ET.parse(svg).getroot()
+            self.assertEqual(len({e.get("data-policy") for e in root.iter("{http://www.w3.org/2000/svg}polyline")}), 2)
+        # Bounded: no more than two minutes of traffic is paced against a service.
+        r = run("simulate", "--rule", s.config_path + ":api", "--pattern", "burst 1 at 10m", "--url",
+                "http://127.0.0.1:%d" % s.port)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("at most 120 s", r.stderr)
+
     def test_bad_pattern_and_config_are_refused_with_where(self):
         r = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--pattern",
                 "burst 1\nidle soon")
