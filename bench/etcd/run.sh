@@ -20,23 +20,7 @@ for tool in etcd wrk python3 curl; do
   command -v "$tool" >/dev/null || { echo "$tool is required (scripts/deps installs it)" >&2; exit 1; }
 done
 
-work="$(mktemp -d)"
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() {  # wait_http URL: until it answers, at most 20 s
-  for _ in $(seq 1 400); do
-    curl -s -o /dev/null "$1" && return 0
-    sleep 0.05
-  done
-  echo "nothing answers at $1" >&2
-  return 1
-}
+source "$here/../lib.sh"
 
 rule='[[rules]]
 name = "bench"
@@ -52,7 +36,7 @@ etcd --name bench --data-dir "$work/etcd" --log-level error \
   --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
   --initial-cluster "bench=http://127.0.0.1:$pport" >/dev/null 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:$eport/health"
+wait_http "http://127.0.0.1:$eport/health" 20
 ports=()
 for n in 1 2; do
   port="$(free_port)"
@@ -60,7 +44,7 @@ for n in 1 2; do
     "$port" "$rule" "$eport" >"$work/sluiced-$n.toml"
   "$sluiced" --config "$work/sluiced-$n.toml" 2>"$work/sluiced-$n.log" &
   pids+=($!)
-  wait_http "http://127.0.0.1:$port/healthz"
+  wait_http "http://127.0.0.1:$port/healthz" 20
   ports+=("$port")
 done
 echo "put in etcd -> new limit in force on 2 sluiced ($changes changes, polled every 2 ms):"
@@ -78,7 +62,7 @@ run() {  # run NAME EXTRA_TOML_FILE OVERRIDES: requests/s of one wrk run
   { printf '[server]\nlisten = "127.0.0.1:%s"\nthreads = 0\n%s\n' "$port" "$rule"; cat "$2"; } >"$work/$1.toml"
   "$sluiced" --config "$work/$1.toml" 2>"$work/$1.log" &
   local pid=$!
-  wait_http "http://127.0.0.1:$port/healthz"
+  wait_http "http://127.0.0.1:$port/healthz" 20
   out="$(RULE=bench wrk -t2 -c"$connections" -d"$duration" --latency -s "$root/bench/server/check.lua" "http://127.0.0.1:$port")"
   local in_force
   in_force="$(curl -s "http://127.0.0.1:$port/v1/rules" | python3 -c 'import json, sys; print(json.load(sys.stdin)["overrides"])')"

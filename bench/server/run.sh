@@ -23,25 +23,8 @@ for tool in wrk nginx python3; do
   command -v "$tool" >/dev/null || { echo "$tool is required (scripts/deps installs it)" >&2; exit 1; }
 done
 
-work="$(mktemp -d)"
+source "$here/../lib.sh"
 chmod 755 "$work"  # nginx workers (user nobody when started as root) read the static file
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() {  # wait_http URL: until it answers, at most 10 s
-  for _ in $(seq 1 200); do
-    curl -s -o /dev/null "$1" && return 0
-    sleep 0.05
-  done
-  echo "nothing answers at $1" >&2
-  return 1
-}
 
 # The same limit on both sides: 100 per second per id, bursts of 100. At these request rates each
 # of the 100,000 ids is asked about less than once a second, so both admit nearly everything and

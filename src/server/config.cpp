@@ -383,6 +383,26 @@ bool valid_redis_address(std::string_view a) {
 // Durations of the backend are at most a day (the Redis backend's own bound).
 constexpr std::int64_t max_backend_ms = 24 * 3'600'000;
 
+// A list of server addresses (`key` = [...]): 1 to 64 strings, each accepted by `valid`, else
+// `each_error` at that entry. Absent: nullopt.
+result<std::optional<std::vector<std::string>>> read_addresses(const section& s, const reporter& rep,
+                                                               std::string_view key, bool (*valid)(std::string_view),
+                                                               std::string_view each_error) {
+  const toml::node* n = s.table().get(key);
+  if (!n) return std::optional<std::vector<std::string>>();
+  const std::string name(key);
+  const toml::array* arr = n->as_array();
+  if (!arr) return rep.at(n->source(), name + " must be an array of \"host:port\" strings, got " + type_name(*n));
+  if (arr->empty()) return rep.at(n->source(), name + " must not be empty");
+  if (arr->size() > 64) return rep.at(n->source(), name + " holds more than 64 entries");
+  std::vector<std::string> out;
+  for (const toml::node& e : *arr) {
+    if (!e.is_string() || !valid(e.as_string()->get())) return rep.at(e.source(), std::string(each_error));
+    out.push_back(e.as_string()->get());
+  }
+  return std::optional(std::move(out));
+}
+
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
                        "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
@@ -403,19 +423,10 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   } else {
     return s.bad("type", "must be memory, redis or redis_cluster, got \"" + *type + "\"");
   }
-  if (const toml::node* n = s.table().get("addresses")) {
-    const toml::array* arr = n->as_array();
-    if (!arr) return rep.at(n->source(), "addresses must be an array of \"host:port\" strings, got " + type_name(*n));
-    if (arr->empty()) return rep.at(n->source(), "addresses must not be empty");
-    if (arr->size() > 64) return rep.at(n->source(), "addresses holds more than 64 entries");
-    r.addresses.clear();
-    for (const toml::node& e : *arr) {
-      if (!e.is_string() || !valid_redis_address(e.as_string()->get())) {
-        return rep.at(e.source(), "each address must be a \"host:port\" string (port 1-65535) or \"unix:/path\"");
-      }
-      r.addresses.push_back(e.as_string()->get());
-    }
-  }
+  auto addresses = read_addresses(s, rep, "addresses", valid_redis_address,
+                                  "each address must be a \"host:port\" string (port 1-65535) or \"unix:/path\"");
+  if (!addresses) return addresses.error();
+  if (*addresses) r.addresses = std::move(**addresses);
   auto user = s.string("username", r.username);
   if (!user) return user.error();
   r.username = *user;
@@ -487,19 +498,10 @@ result<void> read_etcd(const section& s, const reporter& rep, config& out) {
   }
   out.etcd.enabled = true;
   etcd::etcd_options& e = out.etcd.options;
-  const toml::node* n = s.table().get("endpoints");
-  if (!n) return s.missing("endpoints", "(the etcd \"host:port\" client addresses)");
-  const toml::array* arr = n->as_array();
-  if (!arr) return rep.at(n->source(), "endpoints must be an array of \"host:port\" strings, got " + type_name(*n));
-  if (arr->empty()) return rep.at(n->source(), "endpoints must not be empty");
-  if (arr->size() > 64) return rep.at(n->source(), "endpoints holds more than 64 entries");
-  e.endpoints.clear();
-  for (const toml::node& a : *arr) {
-    if (!a.is_string() || !valid_listen(a.as_string()->get())) {
-      return rep.at(a.source(), "each endpoint must be a \"host:port\" string");
-    }
-    e.endpoints.push_back(a.as_string()->get());
-  }
+  auto endpoints = read_addresses(s, rep, "endpoints", valid_listen, "each endpoint must be a \"host:port\" string");
+  if (!endpoints) return endpoints.error();
+  if (!*endpoints) return s.missing("endpoints", "(the etcd \"host:port\" client addresses)");
+  e.endpoints = std::move(**endpoints);
   auto prefix = s.string("prefix", e.prefix);
   if (!prefix) return prefix.error();
   if (prefix->empty() || prefix->size() > 256) return s.bad("prefix", "must be 1 to 256 bytes");

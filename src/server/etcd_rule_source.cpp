@@ -35,11 +35,8 @@ struct etcd_rule_source::impl {
 
   void apply() {
     etcd_source::state state = source->read();
-    std::vector<etcd_value> values;
-    values.reserve(state.values.size());
-    for (const auto& v : state.values) values.push_back({v.key, v.value, v.mod_revision});
     bool changed = false;
-    const std::size_t rejected = rules.apply(values, changed).size();
+    const std::size_t rejected = rules.apply(state.values, changed).size();
     std::shared_ptr<const rule_set> next;
     if (changed) {
       auto built = rule_set::build(backend_, merge_rules(defaults, &rules).rules, {.source = "etcd"}, current().get());

@@ -11,19 +11,15 @@
 #include "sluice/error.hpp"
 #include "sluice/server/api.hpp"
 #include "sluice/server/config.hpp"
+#include "server/rule_sources.hpp"
 
 namespace sluice::server {
 
 class etcd_source {
  public:
-  struct value {
-    std::string key;  ///< without the prefix
-    std::string value;
-    std::int64_t mod_revision = 0;
-  };
   struct state {
-    std::vector<value> values;  ///< every key under the prefix, in key order
-    rule_source_status status;  ///< name "etcd"
+    std::vector<etcd_value> values;  ///< every key under the prefix, in key order
+    rule_source_status status;       ///< name "etcd"
   };
 
   /// Starts watching. `changed` runs on the watcher's thread when the prefix or the connection

@@ -16,64 +16,59 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
   std::map<std::string, entry, std::less<>> next;
   std::map<std::string, override_entry, std::less<>> next_overrides;
   std::set<std::string, std::less<>> seen;  // full keys present now
-  auto reject = [&](std::string key, std::int64_t revision, std::string reason) {
+  auto reject = [&](const std::string& key, std::int64_t revision, std::string reason) {
     auto [it, fresh] = reported_.try_emplace(key, revision);
     if (!fresh && it->second == revision) return;  // this version was reported already
     it->second = revision;
-    rejected.push_back({std::move(key), revision, std::move(reason)});
+    rejected.push_back({key, revision, std::move(reason)});
   };
-  for (const etcd_value& v : values) {
-    std::string key = prefix_ + std::string(v.key);
-    seen.insert(key);
-    if (v.key.starts_with(overrides_dir)) {
-      const std::string_view id = v.key.substr(overrides_dir.size());
-      auto before = overrides_.find(id);
-      if (before != overrides_.end() && before->second.mod_revision == v.mod_revision) {
-        next_overrides.insert(*before);
-        continue;
-      }
-      const std::string source = "etcd " + key + " (mod_revision " + std::to_string(v.mod_revision) + ")";
-      result<rule_override> o =
-          next_overrides.size() >= max_overrides
-              ? result<rule_override>(
-                    error(errc::config_invalid,
-                          source + ": more than " + std::to_string(max_overrides) + " overrides in etcd"))
-              : parse_override_json(v.value, source);
-      if (!o) {
-        reject(std::move(key), v.mod_revision, o.error().message);
-        if (before != overrides_.end()) next_overrides.insert(*before);
-        continue;
-      }
-      reported_.erase(key);
-      next_overrides.emplace(std::string(id), override_entry{std::move(*o), v.mod_revision});
-      continue;
-    }
-    if (!v.key.starts_with(rules_dir)) {
-      reject(std::move(key), v.mod_revision,
-             "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");
-      continue;
-    }
-    const std::string_view name = v.key.substr(rules_dir.size());
-    auto before = rules_.find(name);
-    if (before != rules_.end() && before->second.mod_revision == v.mod_revision) {
+  // One value of a kind (rules, overrides): the same version is kept as it is; a new one is parsed,
+  // and when it fails the previous version stays in force and the failure is reported.
+  auto take = [&](const auto& current, auto& next, std::string_view id, std::size_t max, std::string_view what,
+                  const std::string& key, std::int64_t revision, auto parse) {
+    const auto before = current.find(id);
+    if (before != current.end() && before->second.mod_revision == revision) {
       next.insert(*before);  // the same version: nothing to read again
-      continue;
+      return;
     }
-    const std::string source = "etcd " + key + " (mod_revision " + std::to_string(v.mod_revision) + ")";
-    result<rule> r = next.size() >= max_rules
-                         ? result<rule>(error(errc::config_invalid,
-                                              source + ": more than " + std::to_string(max_rules) + " rules in etcd"))
-                         : parse_rule_json(name, v.value, source);
-    if (r) {
-      if (auto ok = check_(*r); !ok) r = error(ok.error().code, source + ": " + ok.error().message);
-    }
-    if (!r) {
-      reject(std::move(key), v.mod_revision, r.error().message);
-      if (before != rules_.end()) next.insert(*before);  // the previous version stays in force
-      continue;
+    const std::string source = "etcd " + key + " (mod_revision " + std::to_string(revision) + ")";
+    auto made =
+        next.size() >= max
+            ? decltype(parse(source))(error(errc::config_invalid, source + ": more than " + std::to_string(max) + " " +
+                                                                      std::string(what) + " in etcd"))
+            : parse(source);
+    if (!made) {
+      reject(key, revision, made.error().message);
+      if (before != current.end()) next.insert(*before);
+      return;
     }
     reported_.erase(key);
-    next.emplace(std::string(name), entry{std::move(*r), std::move(key), v.mod_revision});
+    next.emplace(std::string(id), std::move(*made));
+  };
+  for (const etcd_value& v : values) {
+    const std::string_view sub = v.key;  // the key below the prefix
+    const std::string key = prefix_ + v.key;
+    seen.insert(key);
+    if (sub.starts_with(overrides_dir)) {
+      take(overrides_, next_overrides, sub.substr(overrides_dir.size()), max_overrides, "overrides", key,
+           v.mod_revision, [&](const std::string& source) -> result<override_entry> {
+             auto o = parse_override_json(v.value, source);
+             if (!o) return o.error();
+             return override_entry{std::move(*o), v.mod_revision};
+           });
+    } else if (sub.starts_with(rules_dir)) {
+      const std::string_view name = sub.substr(rules_dir.size());
+      take(rules_, next, name, max_rules, "rules", key, v.mod_revision,
+           [&](const std::string& source) -> result<entry> {
+             auto r = parse_rule_json(name, v.value, source);
+             if (!r) return r.error();
+             if (auto ok = check_(*r); !ok) return error(ok.error().code, source + ": " + ok.error().message);
+             return entry{std::move(*r), key, v.mod_revision};
+           });
+    } else {
+      reject(key, v.mod_revision,
+             "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");
+    }
   }
   std::erase_if(reported_, [&](const auto& kv) { return !seen.contains(kv.first); });
   auto differ = [](const auto& x, const auto& y) {

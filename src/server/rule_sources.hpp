@@ -19,8 +19,8 @@ namespace sluice::server {
 
 /// One key under the watched prefix, as etcd holds it.
 struct etcd_value {
-  std::string_view key;  ///< without the prefix: "rules/api"
-  std::string_view value;
+  std::string key;  ///< without the prefix: "rules/api"
+  std::string value;
   std::int64_t mod_revision = 0;
 };
 

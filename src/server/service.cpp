@@ -306,11 +306,8 @@ void service::apply_etcd() {
     std::lock_guard lock(status_mu_);
     etcd_status_ = state.status;
   }
-  std::vector<etcd_value> values;
-  values.reserve(state.values.size());
-  for (const auto& v : state.values) values.push_back({v.key, v.value, v.mod_revision});
   bool changed = false;
-  for (const rejected_value& r : etcd_rules_->apply(values, changed)) {
+  for (const rejected_value& r : etcd_rules_->apply(state.values, changed)) {
     etcd_errors_.fetch_add(1, std::memory_order_relaxed);
     spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key), r.mod_revision,
                   log_value(r.reason));

@@ -2,6 +2,7 @@
 // (check, rules, config check).
 #include <CLI/CLI.hpp>
 #include <httplib.h>
+#include <nlohmann/json.hpp>
 
 #include <spawn.h>
 #include <sys/wait.h>
@@ -78,6 +79,16 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// A POST /v1/check body; nlohmann-json escapes whatever the ids hold.
+std::string check_body(const std::string& rule, const std::string& key, const std::string& tenant,
+                       const std::string& user, std::int64_t cost) {
+  nlohmann::json j{{"rule", rule}, {"cost", cost}};
+  if (!key.empty()) j["key"] = key;
+  if (!tenant.empty()) j["tenant"] = tenant;
+  if (!user.empty()) j["user"] = user;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 // Rasterises an SVG with rsvg-convert (Debian's librsvg2-bin), run directly: no shell sees the names.
 result<void> write_png(const std::string& svg, const std::string& png) {
   char tmpl[] = "/tmp/sluice-chart-XXXXXX";
@@ -118,13 +129,7 @@ result<cli::simulation> replay(const std::string& url, const std::string& rule, 
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < t.times.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::nanoseconds(t.times[i]));  // pacing real requests
-    const std::string key = t.keys.empty() ? "simulate" : t.key_names[t.keys[i]];
-    std::string body = "{\"rule\":\"" + rule + "\",\"key\":\"";
-    for (char c : key) {
-      if (c == '"' || c == '\\') body += '\\';
-      body += c;
-    }
-    body += "\"}";
+    const std::string body = check_body(rule, t.keys.empty() ? "simulate" : t.key_names[t.keys[i]], "", "", 1);
     auto r = client.Post("/v1/check", body, "application/json");
     if (!r) return error(errc::backend_unavailable, "cannot reach " + url + ": " + httplib::to_string(r.error()));
     if (r->status != 200 && r->status != 429) {
@@ -132,9 +137,9 @@ result<cli::simulation> replay(const std::string& url, const std::string& rule, 
                    "sluiced answered " + std::to_string(r->status) + ": " + r->body.substr(0, 200));
     }
     admitted.push_back(r->status == 200);
-    std::int64_t left = 0;
-    if (auto at = r->body.find("\"remaining\":"); at != std::string::npos) left = std::atoll(r->body.c_str() + at + 12);
-    remaining.push_back(left);
+    const auto answer = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
+    const auto left = answer.is_object() ? answer.find("remaining") : answer.end();
+    remaining.push_back(left != answer.end() && left->is_number_integer() ? left->get<std::int64_t>() : 0);
   }
   return cli::tally("sluiced rule " + rule + " at " + url + " (observed)", t.times, admitted, remaining, step_ns,
                     window_ns);
@@ -203,22 +208,7 @@ int main(int argc, char** argv) {
   if (*demo) return cli::run_demo(std::cout);
   if (*rules) return http(url, "GET", "/v1/rules", "");
   if (*check) {
-    std::string body = "{\"rule\":\"" + rule_name + "\",\"cost\":" + std::to_string(cost);
-    auto field = [&](const char* name, const std::string& v) {
-      if (v.empty()) return;
-      body += ",\"";
-      body += name;
-      body += "\":\"";
-      for (char c : v) {
-        if (c == '"' || c == '\\') body += '\\';
-        body += c;
-      }
-      body += '"';
-    };
-    field("key", key);
-    field("tenant", tenant);
-    field("user", user);
-    return http(url, "POST", "/v1/check", body + "}");
+    return http(url, "POST", "/v1/check", check_body(rule_name, key, tenant, user, cost));
   }
   if (*config_check) {
     auto cfg = load_config(config_file);

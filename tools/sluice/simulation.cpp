@@ -34,45 +34,35 @@ std::string describe(const policy& p) {
   return buf;
 }
 
-simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
-                    std::int64_t window_ns, std::int64_t until_ns, const std::vector<std::uint32_t>& keys) {
+namespace {
+
+// Steps through `times`: admit(i) says whether request i was admitted, budget(step_end) what was
+// left at a step's end. The most admitted in a window is counted per key (`keys`, or one).
+template <class Admit, class Budget>
+simulation run_steps(std::string name, const std::vector<std::int64_t>& times, const std::vector<std::uint32_t>& keys,
+                     std::uint32_t key_count, std::int64_t step_ns, std::int64_t window_ns, std::int64_t until_ns,
+                     Admit admit, Budget budget) {
   simulation out;
-  out.name = describe(p);
+  out.name = std::move(name);
   out.window_ns = window_ns;
-  const compiled_policy cp = compiled_policy::from(p);
-  std::uint32_t key_count = 1;
-  for (std::uint32_t k : keys) key_count = std::max(key_count, k + 1);
-  std::vector<limiter_state> states(key_count, limiter_state::make(cp));
-  std::vector<bool> seen(key_count, false);
   std::vector<std::deque<std::int64_t>> in_window(key_count);  // each key's admissions in the last window_ns
   const std::int64_t end = std::max(until_ns, times.empty() ? 0 : times.back() + 1);
   std::size_t next = 0;
   for (std::int64_t start = 0; start < end; start += step_ns) {
     step_row row{.start_ns = start};
     for (; next < times.size() && times[next] < start + step_ns; ++next) {
-      const std::int64_t t = times[next];
-      const std::uint32_t k = keys.empty() ? 0 : keys[next];
-      seen[k] = true;
       ++row.requests;
-      if (check_and_commit(states[k], cp, t, 1).allowed) {
-        ++row.admitted;
-        auto& w = in_window[k];
-        w.push_back(t);
-        while (w.front() <= t - window_ns) w.pop_front();
-        out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, w.size());
-      } else {
+      if (!admit(next)) {
         ++row.refused;
+        continue;
       }
+      ++row.admitted;
+      auto& w = in_window[keys.empty() ? 0 : keys[next]];
+      w.push_back(times[next]);
+      while (w.front() <= times[next] - window_ns) w.pop_front();
+      out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, w.size());
     }
-    // The budget at the step's end (of the key with the least): what one more would leave, plus it.
-    row.remaining = -1;
-    for (std::uint32_t k = 0; k < key_count; ++k) {
-      if (!seen[k] && key_count > 1) continue;
-      const decision d = states[k].evaluate(cp, start + step_ns, 1);
-      const std::int64_t budget = d.allowed ? d.remaining + 1 : d.remaining;
-      row.remaining = row.remaining < 0 ? budget : std::min(row.remaining, budget);
-    }
-    if (row.remaining < 0) row.remaining = p.algorithm == algorithm::token_bucket ? p.burst : p.limit;
+    row.remaining = budget(start + step_ns);
     out.requests += row.requests;
     out.admitted += row.admitted;
     out.refused += row.refused;
@@ -81,36 +71,42 @@ simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std
   return out;
 }
 
+}  // namespace
+
+simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std::int64_t step_ns,
+                    std::int64_t window_ns, std::int64_t until_ns, const std::vector<std::uint32_t>& keys) {
+  const compiled_policy cp = compiled_policy::from(p);
+  std::uint32_t key_count = 1;
+  for (std::uint32_t k : keys) key_count = std::max(key_count, k + 1);
+  std::vector<limiter_state> states(key_count, limiter_state::make(cp));
+  std::vector<bool> seen(key_count, false);
+  auto admit = [&](std::size_t i) {
+    const std::uint32_t k = keys.empty() ? 0 : keys[i];
+    seen[k] = true;
+    return check_and_commit(states[k], cp, times[i], 1).allowed;
+  };
+  // The budget at a step's end (of the key with the least): what one more would leave, plus it.
+  auto budget = [&](std::int64_t at) {
+    std::int64_t least = -1;
+    for (std::uint32_t k = 0; k < key_count; ++k) {
+      if (!seen[k] && key_count > 1) continue;
+      const decision d = states[k].evaluate(cp, at, 1);
+      const std::int64_t left = d.allowed ? d.remaining + 1 : d.remaining;
+      least = least < 0 ? left : std::min(least, left);
+    }
+    return least < 0 ? p.capacity() : least;
+  };
+  return run_steps(describe(p), times, keys, key_count, step_ns, window_ns, until_ns, admit, budget);
+}
+
 simulation tally(std::string name, const std::vector<std::int64_t>& times, const std::vector<bool>& admitted,
                  const std::vector<std::int64_t>& remaining, std::int64_t step_ns, std::int64_t window_ns) {
-  simulation out;
-  out.name = std::move(name);
-  out.window_ns = window_ns;
-  std::deque<std::int64_t> in_window;
-  std::size_t next = 0;
-  std::int64_t budget = 0;
-  const std::int64_t end = times.empty() ? 0 : times.back() + 1;
-  for (std::int64_t start = 0; start < end; start += step_ns) {
-    step_row row{.start_ns = start};
-    for (; next < times.size() && times[next] < start + step_ns; ++next) {
-      ++row.requests;
-      budget = remaining[next];
-      if (admitted[next]) {
-        ++row.admitted;
-        in_window.push_back(times[next]);
-        while (in_window.front() <= times[next] - window_ns) in_window.pop_front();
-        out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, in_window.size());
-      } else {
-        ++row.refused;
-      }
-    }
-    row.remaining = budget;
-    out.requests += row.requests;
-    out.admitted += row.admitted;
-    out.refused += row.refused;
-    out.steps.push_back(row);
-  }
-  return out;
+  std::int64_t last = 0;  // the budget the latest answer reported
+  auto admit = [&](std::size_t i) {
+    last = remaining[i];
+    return static_cast<bool>(admitted[i]);
+  };
+  return run_steps(std::move(name), times, {}, 1, step_ns, window_ns, 0, admit, [&](std::int64_t) { return last; });
 }
 
 std::string render_table(const simulation& s) {

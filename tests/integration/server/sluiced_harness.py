@@ -154,7 +154,21 @@ class Sluiced:
         self.dir.cleanup()
 
 
-class RedisServer:
+class ServerProcess:
+    """A server this test started (`proc`) in its own temporary directory (`dir`): killed by its PID
+    and its directory removed, nothing else."""
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def close(self):
+        self.kill()
+        self.dir.cleanup()
+
+
+class RedisServer(ServerProcess):
     """A throwaway redis-server on a free loopback port."""
 
     def __init__(self, port=None):
@@ -184,17 +198,9 @@ class RedisServer:
         return subprocess.run(["redis-cli", "-p", str(self.port), *extra, *args], input=last_arg,
                               capture_output=True, text=True, timeout=10).stdout.strip()
 
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def close(self):
-        self.kill()
-        self.dir.cleanup()
 
 
-class EtcdServer:
+class EtcdServer(ServerProcess):
     """A throwaway single-member etcd on free loopback ports (client and peer), in a temporary data
     directory; `kill` and `start` keep the ports and the data. With `tls=True` it serves TLS with a
     CA and certificates made here (`ca`, `cert`, `key` are the client's files)."""
@@ -278,14 +284,6 @@ class EtcdServer:
         self.ctl("auth", "enable")
         self.user = "root:" + password
 
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def close(self):
-        self.kill()
-        self.dir.cleanup()
 
 
 class TcpProxy:

@@ -1,0 +1,19 @@
+# Sourced by the bench/*/run.sh harnesses that start servers: a work directory, the PIDs of the
+# processes started (ended at exit, those only), a free loopback port, and a wait for HTTP.
+work="$(mktemp -d)"
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_http() {  # wait_http URL [SECONDS]: until it answers, at most SECONDS (10)
+  for _ in $(seq 1 $((${2:-10} * 20))); do
+    curl -s -o /dev/null "$1" && return 0
+    sleep 0.05
+  done
+  echo "nothing answers at $1" >&2
+  return 1
+}
