@@ -66,9 +66,13 @@ struct redis_backend_stats {
   std::uint64_t local_fallback = 0;   ///< Failed checks decided in process by on_error = local.
   std::uint64_t script_reloads = 0;   ///< NOSCRIPT replies recovered by sending the script again.
   std::uint64_t connects = 0;         ///< Successful connections (the first one included).
-  std::uint64_t circuit_opens = 0;    ///< Times the circuit breaker opened.
+  std::uint64_t circuit_opens = 0;    ///< Times a circuit breaker opened (one per server).
+  std::uint64_t redirections = 0;     ///< Cluster: checks sent on by MOVED, ASK or READONLY.
+  std::uint64_t retries = 0;          ///< Cluster: checks retried after TRYAGAIN or CLUSTERDOWN.
+  std::uint64_t topology_refreshes = 0;  ///< Cluster: slot maps read.
+  std::uint64_t masters = 0;          ///< Cluster: masters in the current slot map.
   std::uint64_t pending = 0;          ///< Checks waiting right now.
-  bool circuit_open = false;          ///< True while checks are failed fast.
+  bool circuit_open = false;          ///< True while checks to a server (on a cluster: to some master) fail fast.
   bool out_of_memory = false;         ///< Redis refuses scripts over maxmemory (ready() is false).
 };
 
@@ -92,5 +96,18 @@ result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& o
 /// backend outside that io_context's threads while it still runs, or after it has stopped (then the
 /// connection is closed on the destroying thread; do not restart the io_context meanwhile).
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io);
+
+/// The same limits on a Redis Cluster, discovered from `options.addresses` (seeds: any node of the
+/// cluster). Each check goes to the master that owns its keys' slot (a dual-layer rule's two keys
+/// share one: the tenant's hash tag), on one pipelined connection per master; redirections (MOVED,
+/// ASK), slot migrations (TRYAGAIN) and failovers (CLUSTERDOWN, READONLY, a lost master) are
+/// followed within `command_timeout` — what cannot be decided in time follows `on_error`, as on one
+/// Redis. `ready()` is true while every slot has a master that answers. Every option means what it
+/// means for one Redis; `database` must be 0. Errors: as make_redis_backend.
+result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options);
+
+/// As above, on the caller's io_context (see make_redis_backend).
+result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
+                                                                  boost::asio::io_context& io);
 
 }  // namespace sluice

@@ -21,14 +21,15 @@
 namespace sluice {
 
 struct redis_options {
-  /// Servers as "host:port", "[v6addr]:port" or "unix:/path/to.sock". A single Redis uses the first.
+  /// Servers as "host:port", "[v6addr]:port" or "unix:/path/to.sock". A single Redis uses the first;
+  /// a Redis Cluster takes them all as seeds, any of which can tell the rest.
   /// Default: {"127.0.0.1:6379"}.
   std::vector<std::string> addresses{"127.0.0.1:6379"};
   /// ACL user name for AUTH; empty means the default user. Default: "".
   std::string username;
   /// Password for AUTH; empty means no AUTH. Default: "".
   std::string password;
-  /// Database selected after connecting. Default: 0.
+  /// Database selected after connecting; 0 on a Redis Cluster. Default: 0.
   int database = 0;
   /// Longest a connection attempt may take. Default: 1000 ms.
   std::chrono::milliseconds connect_timeout{1000};
@@ -52,6 +53,9 @@ struct redis_options {
   std::chrono::milliseconds breaker_probe_interval{200};
   /// Errors are logged (spdlog, warn) at most once per interval, with their count. Default: 10 s.
   std::chrono::milliseconds error_log_interval{10'000};
+  /// Redis Cluster: how often the slot map is read again while every slot has a master that answers
+  /// (MOVED, a lost connection or a slot without a master bring a refresh sooner). Default: 10 s.
+  std::chrono::milliseconds cluster_refresh_interval{10'000};
   /// Tests only: when set, the scripts take `now` from this clock instead of the Redis server's TIME
   /// (sent as an extra argument), so tests can move windows without sleeping. Never set it in
   /// production: instances would stop sharing one time source. Default: nullptr (Redis TIME).

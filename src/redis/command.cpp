@@ -9,6 +9,7 @@
 #include "redis/exactness.hpp"
 #include "redis/keys.hpp"
 #include "redis/scripts.hpp"
+#include "redis/slot.hpp"
 #include "sluice/gcra.hpp"
 #include "sluice/redis_backend.hpp"
 
@@ -49,6 +50,22 @@ void append_params(std::string& out, const policy& p) {
   bulk(out, p.limit);
   bulk(out, window_us);
   bulk(out, "0");
+}
+
+// The deadline's digits: fixed width, so set_deadline can rewrite them in place when the command is
+// sent. Lua's tonumber reads leading zeros ("-0000000000000001" is -1).
+constexpr std::size_t deadline_width = 17;
+
+void write_deadline(char* out, std::int64_t v) {
+  // -1 (none) or a server time in 0..2^53 µs (16 digits); anything larger is clamped into the field.
+  v = std::clamp<std::int64_t>(v, -1, 99'999'999'999'999'999);
+  std::fill(out, out + deadline_width, '0');
+  if (v < 0) {
+    out[0] = '-';
+    out[deadline_width - 1] = '1';
+    return;
+  }
+  for (std::size_t i = deadline_width; v > 0; v /= 10) out[--i] = static_cast<char>('0' + v % 10);
 }
 
 nanoseconds from_us(long long us) {
@@ -108,18 +125,28 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   cmd.rest = c.size();
   if (p.dual) {
     bulk(c, "2");
-    bulk(c, tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag));
+    const std::string tenant = tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag);
+    cmd.slot = key_slot(tenant);  // the user key's too: both carry the tenant's hash tag
+    bulk(c, tenant);
     bulk(c, user_key(key_prefix, r.name, req.tenant, req.user, p.tag));
   } else {
     bulk(c, "1");
-    bulk(c, single_key(key_prefix, r.name, req.key, p.tag));
+    const std::string key = single_key(key_prefix, r.name, req.key, p.tag);
+    cmd.slot = key_slot(key);
+    bulk(c, key);
   }
   bulk(c, now_us);
   bulk(c, req.cost);
   c += p.params;
-  bulk(c, deadline_us);
+  c += "$17\r\n";
+  cmd.deadline_at = c.size();
+  c.append(deadline_width, '0');
+  c += "\r\n";
+  set_deadline(cmd, deadline_us);
   return cmd;
 }
+
+void set_deadline(command& c, std::int64_t deadline_us) { write_deadline(c.text.data() + c.deadline_at, deadline_us); }
 
 std::string eval_command(const command& c, std::string_view body) {
   std::string eval;

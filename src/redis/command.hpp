@@ -5,7 +5,8 @@
 //   - prepare_script: a rule → its script and packed parameters, made once per rule (validated:
 //     the rule itself, and what the scripts compute exactly, exactness.hpp);
 //   - evalsha_command: one check → the RESP text of EVALSHA sha numkeys keys... now cost
-//     params... deadline; eval_command: the same call as EVAL, sent after NOSCRIPT;
+//     params... deadline, and its keys' cluster slot; set_deadline rewrites the deadline;
+//     eval_command: the same call as EVAL, sent after NOSCRIPT;
 //   - parse_reply: a script's reply → its decision; reply_time and is_expired_reply read what
 //     every reply carries; parse_time_reply reads TIME's.
 // The arguments and replies of the scripts are laid out in scripts.hpp.
@@ -47,11 +48,13 @@ struct prepared_script {
 /// what the scripts cannot compute exactly (errc::invalid_argument, exactness.hpp).
 result<prepared_script> prepare_script(const rule& r);
 
-/// One script call in RESP, with the offsets its EVAL form needs.
+/// One script call in RESP, with the offsets its EVAL form and its deadline need.
 struct command {
-  std::string text;        ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
-  std::size_t header = 0;  ///< Length of "*argc CRLF".
-  std::size_t rest = 0;    ///< Offset of numkeys: what EVAL shares with EVALSHA.
+  std::string text;             ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
+  std::size_t header = 0;       ///< Length of "*argc CRLF".
+  std::size_t rest = 0;         ///< Offset of numkeys: what EVAL shares with EVALSHA.
+  std::size_t deadline_at = 0;  ///< Offset of the deadline's fixed-width digits (set_deadline).
+  std::uint16_t slot = 0;       ///< The Redis Cluster slot of its keys (slot.hpp): they share one.
 };
 
 /// The EVALSHA of one check of `r`, prepared as `p`: the keys (keys.hpp) under `key_prefix`, then
@@ -60,6 +63,10 @@ struct command {
 /// Precondition: validate(req) passed and `req` checks `r`.
 command evalsha_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
                         std::int64_t now_us, std::int64_t deadline_us);
+
+/// Rewrites the deadline of `c` in place (server µs, -1: none): a command is built on the caller's
+/// thread and its deadline set when it is sent, to the clock of the server it is sent to.
+void set_deadline(command& c, std::int64_t deadline_us);
 
 /// The call of `c` as EVAL with the script's `body` in place of EVALSHA and its hash.
 std::string eval_command(const command& c, std::string_view body);

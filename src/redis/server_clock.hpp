@@ -53,9 +53,13 @@ class server_clock {
   /// The latest server time (µs) at which a call made at `local_us` that waits at most `timeout`
   /// may still be applied, or -1 (no deadline) while the offset is unknown.
   std::int64_t deadline_us(std::int64_t local_us, std::chrono::milliseconds timeout) const noexcept {
+    return server_us_at(local_us + std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
+  }
+
+  /// The server time (µs, a lower bound) at local steady time `local_us`, or -1 while unknown.
+  std::int64_t server_us_at(std::int64_t local_us) const noexcept {
     const std::int64_t offset = offset_us();
-    if (offset == unknown) return -1;
-    return local_us + std::chrono::duration_cast<std::chrono::microseconds>(timeout).count() + offset;
+    return offset == unknown ? -1 : local_us + offset;
   }
 
  private:

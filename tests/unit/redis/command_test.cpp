@@ -15,6 +15,7 @@
 
 #include "redis/keys.hpp"
 #include "redis/scripts.hpp"
+#include "redis/slot.hpp"
 #include "sluice/gcra.hpp"
 
 namespace sluice::detail {
@@ -179,14 +180,31 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   EXPECT_EQ(decode(c.text),
             (std::vector<std::string>{"EVALSHA", s.sha1, "1",
                                       single_key("app:", "api", "user:42", "swl.60000000"), "-1", "3",
-                                      "100", "60000000", "0", "123456"}));
+                                      "100", "60000000", "0", "00000000000123456"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
   // A test clock's `now`, no deadline.
   command t = evalsha_command(p, r, {.rule = &r, .key = "k"}, "sluice:", now_us, -1);
   const auto args = decode(t.text);
   EXPECT_EQ(args[4], std::to_string(now_us));
-  EXPECT_EQ(args[9], "-1");
+  EXPECT_EQ(args[9], "-0000000000000001");  // Lua's tonumber reads it as -1
+  // The keys' slot, for a cluster.
+  EXPECT_EQ(c.slot, key_slot(single_key("app:", "api", "user:42", "swl.60000000")));
+}
+
+TEST(EvalshaCommand, SetDeadlineRewritesTheFixedWidthField) {
+  const rule r{.name = "api", .limit = fixed_window_policy(3, 1min)};
+  command c = evalsha_command(prepared(r), r, {.rule = &r, .key = "k"}, "sluice:", -1, -1);
+  const std::size_t size = c.text.size();
+  set_deadline(c, 1'700'000'000'123'456);
+  EXPECT_EQ(decode(c.text).back(), "01700000000123456");
+  set_deadline(c, -1);
+  EXPECT_EQ(decode(c.text).back(), "-0000000000000001");
+  set_deadline(c, 0);
+  EXPECT_EQ(decode(c.text).back(), "00000000000000000");
+  set_deadline(c, std::numeric_limits<std::int64_t>::max());  // clamped into the field, never longer
+  EXPECT_EQ(decode(c.text).back(), "99999999999999999");
+  EXPECT_EQ(c.text.size(), size);
 }
 
 TEST(EvalshaCommand, DualLayerArguments) {
@@ -196,8 +214,9 @@ TEST(EvalshaCommand, DualLayerArguments) {
   EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
                                                       tenant_key("sluice:", "d", "acme", "fw.60000000"),
                                                       user_key("sluice:", "d", "acme", "bob", "fw.60000000"),
-                                                      "-1", "1", "10", "60000000", "0", "3", "60000000", "0", "-1"}));
+                                                      "-1", "1", "10", "60000000", "0", "3", "60000000", "0", "-0000000000000001"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
+  EXPECT_EQ(c.slot, key_slot("acme"));  // both keys carry the tenant's hash tag
 }
 
 TEST(EvalshaCommand, HostileIdsStayOneArgument) {

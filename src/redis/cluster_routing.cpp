@@ -1,0 +1,238 @@
+// The slot map of a Redis Cluster (core.hpp): which master serves each slot, learnt from the seeds
+// and kept current.
+//
+// The map comes from CLUSTER SHARDS (CLUSTER SLOTS on servers without it), asked of a master that
+// answers, in turn, or of a seed before the first map. It is refreshed when a check meets MOVED,
+// READONLY or CLUSTERDOWN and when a connection is lost (at most every min_refresh_gap), every
+// breaker_probe_interval while some slot has no master that answers (a failover under way), and
+// every cluster_refresh_interval otherwise. Each master gets one connection; a node that no longer
+// serves slots is closed once nothing waits on it.
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <set>
+
+#include "redis/core.hpp"
+#include "redis/slot.hpp"
+
+namespace sluice::detail {
+namespace {
+
+// The host part of a node's address, without an IPv6 address's brackets: what an empty host in its
+// replies stands for.
+std::string host_of(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
+}  // namespace
+
+node* redis_core::node_at(const std::string& address) {
+  if (auto it = nodes_.find(address); it != nodes_.end()) return it->second.get();
+  if (nodes_.size() >= max_nodes) return nullptr;
+  auto where = parse_endpoint(address);
+  if (!where) return nullptr;
+  node_ptr n = make_node(*where);
+  n->address = address;
+  node* raw = n.get();
+  nodes_.emplace(address, std::move(n));
+  raw->conn->connect();
+  return raw;
+}
+
+// No master is known for the check's slot (before the first map, or a shard without a master): it
+// waits for the next map, unless no node could give one.
+void redis_core::await_map(const op_ptr& o) {
+  const bool reachable = std::any_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
+    return e.second->conn->open() || e.second->conn->resolving();
+  });
+  if (!reachable && !nodes_.empty()) {
+    request_refresh();
+    return fail(o, errc::backend_unavailable, "no Redis Cluster node is reachable");
+  }
+  awaiting_map_.push_back(o);
+  request_refresh();
+}
+
+void redis_core::request_refresh() { schedule_refresh(steady::duration::zero()); }
+
+// Always through the timer, never at once: callers may be inside a connection's callbacks.
+void redis_core::schedule_refresh(steady::duration after) {
+  if (stopping_ || !cluster_) return;
+  const auto at = std::max(steady::now() + after, refresh_started_ + min_refresh_gap);
+  if (refresh_armed_ && refresh_due_ <= at) return;
+  refresh_armed_ = true;
+  refresh_due_ = at;
+  const std::uint64_t generation = ++refresh_timer_generation_;
+  refresh_timer_.expires_at(at);  // an earlier wait ends now, and finds a newer generation
+  refresh_timer_.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this(), generation](boost::system::error_code) {
+        if (generation != self->refresh_timer_generation_ || self->stopping_) return;
+        self->refresh_armed_ = false;
+        self->start_refresh();
+      }));
+}
+
+void redis_core::start_refresh() {
+  if (stopping_) return;
+  const auto now = steady::now();
+  if (refreshing_ && now - refresh_started_ < options_.connect_timeout) return;  // one query at a time
+  // A master that answers, in turn; else any node that answers (a seed).
+  node* asked = nullptr;
+  std::vector<node*> candidates;
+  for (auto& [address, n] : nodes_) {
+    if (n->ready && !n->circuit.is_open()) candidates.push_back(n.get());
+  }
+  std::stable_partition(candidates.begin(), candidates.end(), [](node* n) { return n->serves; });
+  const auto masters = std::count_if(candidates.begin(), candidates.end(), [](node* n) { return n->serves; });
+  if (masters > 0) {
+    asked = candidates[next_query_node_++ % static_cast<std::size_t>(masters)];
+  } else if (!candidates.empty()) {
+    asked = candidates.front();
+  }
+  if (asked == nullptr) {
+    // Nothing answers yet: (re)connect the seeds; the first one ready asks (on_node_ready).
+    refresh_wanted_ = true;
+    for (const std::string& seed : options_.addresses) {
+      node* n = node_at(seed);
+      if (n != nullptr && !n->conn->open() && !n->conn->resolving() && !n->circuit.is_open()) n->conn->connect();
+    }
+    schedule_refresh(options_.breaker_probe_interval);
+    return;
+  }
+  refresh_wanted_ = false;
+  refreshing_ = true;
+  refresh_started_ = now;
+  ++refresh_generation_;
+  send_topology_query(*asked, true);
+}
+
+namespace {
+struct topology_box {
+  redis_core* core;
+  node_ptr n;
+  bool shards;
+  std::uint64_t refresh;
+};
+}  // namespace
+
+void redis_core::send_topology_query(node& n, bool shards) {
+  static const std::string shards_command = "*2\r\n$7\r\nCLUSTER\r\n$6\r\nSHARDS\r\n";
+  static const std::string slots_command = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
+  auto* box = new topology_box{this, n.shared_from_this(), shards, refresh_generation_};
+  if (!n.conn->send(shards ? shards_command : slots_command, &redis_core::on_topology_reply, box)) {
+    delete box;
+    refreshing_ = false;
+    schedule_refresh(options_.breaker_probe_interval);
+  }
+}
+
+void redis_core::on_topology_reply(redisAsyncContext*, void* reply, void* privdata) {
+  std::unique_ptr<topology_box> box(static_cast<topology_box*>(privdata));
+  box->core->handle_topology(*box->n, static_cast<redisReply*>(reply), box->shards, box->refresh);
+}
+
+void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh) {
+  if (refresh != refresh_generation_ || stopping_) return;  // a later query replaced it
+  if (reply == nullptr) return finish_refresh(false);       // the connection went: the loss asks again
+  if (reply->type == REDIS_REPLY_ERROR && shards) return send_topology_query(n, false);  // before Redis 7
+  result<std::vector<slot_owner>> owners = error(errc::backend_protocol, "CLUSTER SLOTS refused");
+  if (reply->type == REDIS_REPLY_ERROR) {
+    owners = error(errc::backend_protocol, "CLUSTER SLOTS: " + std::string(reply->str, std::min<std::size_t>(reply->len, 200)));
+  } else if (shards) {
+    owners = parse_cluster_shards(*reply, host_of(n.address));
+  } else {
+    owners = parse_cluster_slots(*reply, host_of(n.address));
+  }
+  if (!owners) {
+    if (std::uint64_t count = log_.occurred()) {
+      spdlog::warn("sluice redis backend: no slot map from {}: {} ({} error(s) since the last report)", n.address,
+                   owners.error().message, count);
+    }
+    return finish_refresh(false);
+  }
+  apply_map(*owners);
+  finish_refresh(true);
+}
+
+// Checks that waited for a map go now, to the masters it names, or fail when it names none.
+void redis_core::finish_refresh(bool updated) {
+  refreshing_ = false;
+  if (updated) topology_refreshes_.fetch_add(1, std::memory_order_relaxed);
+  auto waiting = std::move(awaiting_map_);
+  awaiting_map_.clear();
+  for (auto& o : waiting) {
+    if (o->done) continue;
+    if (!updated) {
+      awaiting_map_.push_back(std::move(o));  // the next map, or their deadline
+    } else if (route(*o) == nullptr) {
+      fail(o, errc::backend_unavailable, "no master serves slot " + std::to_string(o->call.slot));
+    } else {
+      dispatch(o);
+    }
+  }
+  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval);
+}
+
+void redis_core::apply_map(const std::vector<slot_owner>& owners) {
+  std::set<std::string_view> masters;
+  for (const auto& o : owners) masters.insert(o.master);
+  if (masters.size() > max_nodes) {
+    if (std::uint64_t count = log_.occurred()) {
+      spdlog::warn("sluice redis backend: a slot map naming {} masters ignored (at most {}) ({} error(s))",
+                   masters.size(), max_nodes, count);
+    }
+    return;
+  }
+  for (auto& [address, n] : nodes_) n->serves = false;
+  std::vector<node*> fresh(slot_count, nullptr);
+  for (const auto& o : owners) {
+    node* n = node_at(o.master);
+    if (n == nullptr) continue;  // an address that does not parse: its slots stay unknown
+    n->serves = true;
+    std::fill(fresh.begin() + o.first, fresh.begin() + o.last + 1, n);
+  }
+  slots_ = std::move(fresh);
+  masters_.store(masters.size(), std::memory_order_relaxed);
+  update_ready();
+  // Not from inside the callback that brought the map: closing frees a connection's context.
+  asio::post(strand_, [self = shared_from_this()] { self->retire_idle_nodes(); });
+}
+
+// Nodes that serve no slot and on which nothing waits (old masters, replicas given as seeds).
+void redis_core::retire_idle_nodes() {
+  if (stopping_) return;
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    node& n = *it->second;
+    if (n.serves || n.in_flight > 0 || !n.unsent.empty()) {
+      ++it;
+      continue;
+    }
+    close_node(n);
+    it = nodes_.erase(it);
+  }
+}
+
+// Every slot has a master, and each master answers (connected, circuit closed, not out of memory).
+bool redis_core::healthy() const {
+  if (!cluster_) return single_->ready && !single_->out_of_memory;
+  if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
+  return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
+    const node& n = *e.second;
+    return !n.serves || (n.ready && !n.out_of_memory && !n.circuit.is_open());
+  });
+}
+
+void redis_core::update_ready() {
+  ready_.store(healthy(), std::memory_order_relaxed);
+  bool oom = single_ && single_->out_of_memory;
+  for (const auto& [address, n] : nodes_) oom = oom || n->out_of_memory;
+  out_of_memory_.store(oom, std::memory_order_relaxed);
+}
+
+}  // namespace sluice::detail

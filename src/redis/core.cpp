@@ -1,0 +1,541 @@
+// The check's path through the Redis backend (core.hpp): accepted on the caller's thread, then on
+// the strand routed, sent, answered — or sent on by a cluster's redirection, or failed and decided
+// by on_error — and the nodes' connection events that decide when checks fail fast.
+#include "redis/core.hpp"
+
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <future>
+
+#include "redis/scripts.hpp"
+#include "redis/slot.hpp"
+
+namespace sluice::detail {
+
+struct redis_core::reply_box {
+  op_ptr o;
+  redis_core* core;
+  node* to;
+};
+
+redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, asio::io_context& io,
+                       std::unique_ptr<memory_backend> local)
+    : options_(o),
+      cluster_(cluster),
+      seeds_(std::move(seeds)),
+      io_(io),
+      strand_(asio::make_strand(io)),
+      deadline_timer_(strand_),
+      local_(std::move(local)),
+      log_(o.error_log_interval),
+      refresh_timer_(strand_) {
+  if (cluster_) {
+    slots_.assign(slot_count, nullptr);
+  } else {
+    single_ = make_node(seeds_.front());
+  }
+}
+
+void redis_core::start() {
+  asio::post(strand_, [self = shared_from_this()] {
+    if (!self->cluster_) return self->single_->conn->connect();
+    self->start_refresh();  // connects the seeds; the first to answer is asked for the map
+  });
+}
+
+void redis_core::shutdown() {
+  if (strand_.running_in_this_thread() || io_.stopped()) {
+    // On a stopped io_context nothing runs the strand, nor can anything run on it meanwhile
+    // (destroying the backend while another thread restarts the io_context is not allowed):
+    // shut down right here, or the connections and their sockets would never be freed.
+    do_shutdown();
+    return;
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  auto f = done->get_future();
+  asio::post(strand_, [self = shared_from_this(), done] {
+    self->do_shutdown();
+    done->set_value();
+  });
+  f.wait();
+}
+
+// What prepare() makes and the local fallback's own prepared form of the rule, which keeps the
+// fallback's state for as long as the prepared rule is held.
+result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare(const rule& r, const backend* owner) const {
+  auto p = prepare_script(r, owner);
+  if (!p || !local_) return p;
+  auto l = local_->prepare(r);
+  if (!l) return l.error();
+  (*p)->local = std::move(*l);
+  return p;
+}
+
+result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare_script(const rule& r, const backend* owner) {
+  auto call = detail::prepare_script(r);
+  if (!call) return call.error();
+  auto p = std::make_shared<redis_prepared_rule>(r, owner);
+  p->call = std::move(*call);
+  return p;
+}
+
+void redis_core::async_check(const check_request& req, const backend* owner, check_handler handler) {
+  if (!handler) handler = [](result<decision>) {};
+  if (auto v = validate(req); !v) {
+    handler(v.error());
+    return;
+  }
+  // A rule not prepared here is prepared now, for this check (its local fallback finds the rule
+  // by name): its parameters go into the script, so a bad one is the caller's error, not Redis's.
+  std::shared_ptr<const redis_prepared_rule> made;
+  const redis_prepared_rule* prepared = nullptr;
+  if (req.prepared != nullptr && req.prepared->owner() == owner) {
+    prepared = static_cast<const redis_prepared_rule*>(req.prepared);
+  } else {
+    auto p = prepare_script(*req.rule, owner);
+    if (!p) {
+      handler(p.error());
+      return;
+    }
+    made = std::move(*p);
+    prepared = made.get();
+  }
+  checks_.fetch_add(1, std::memory_order_relaxed);
+  if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
+    pending_.fetch_sub(1, std::memory_order_relaxed);
+    overloaded_.fetch_add(1, std::memory_order_relaxed);
+    if (std::uint64_t n = log_.occurred()) {
+      spdlog::warn("sluice redis backend: too many checks waiting (max_pending = {}) ({} error(s) since the last report)",
+                   options_.max_pending, n);
+    }
+    handler(failure_decision(req, *prepared));
+    return;
+  }
+  auto o = std::make_shared<op>();
+  o->req = req;
+  o->rule = prepared;
+  o->made = std::move(made);
+  o->handler = std::move(handler);
+  // With a test clock its `now` goes in the call; the deadline is set when it is sent.
+  const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
+  o->call = evalsha_command(prepared->call, prepared->definition(), o->req, options_.key_prefix, now, -1);
+  asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+}
+
+redis_backend_stats redis_core::stats() const {
+  redis_backend_stats s;
+  s.checks = checks_.load(std::memory_order_relaxed);
+  s.redis_decisions = redis_decisions_.load(std::memory_order_relaxed);
+  s.timeouts = timeouts_.load(std::memory_order_relaxed);
+  s.unavailable = unavailable_.load(std::memory_order_relaxed);
+  s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+  s.overloaded = overloaded_.load(std::memory_order_relaxed);
+  s.fail_open = fail_open_.load(std::memory_order_relaxed);
+  s.fail_closed = fail_closed_.load(std::memory_order_relaxed);
+  s.local_fallback = local_fallback_.load(std::memory_order_relaxed);
+  s.script_reloads = script_reloads_.load(std::memory_order_relaxed);
+  s.connects = connects_.load(std::memory_order_relaxed);
+  s.circuit_opens = circuit_opens_.load(std::memory_order_relaxed);
+  s.redirections = redirections_.load(std::memory_order_relaxed);
+  s.retries = retries_.load(std::memory_order_relaxed);
+  s.topology_refreshes = topology_refreshes_.load(std::memory_order_relaxed);
+  s.masters = masters_.load(std::memory_order_relaxed);
+  s.pending = pending_.load(std::memory_order_relaxed);
+  s.circuit_open = open_circuits_.load(std::memory_order_relaxed) > 0;
+  s.out_of_memory = out_of_memory_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void redis_core::forget_rule(std::string_view name) {
+  if (local_) local_->forget_rule(name);
+}
+
+// --- on the strand --------------------------------------------------------------------------------
+
+void redis_core::submit(op_ptr o) {
+  if (stopping_) return fail(o, errc::backend_unavailable, "backend is shutting down");
+  o->deadline = steady::now() + options_.command_timeout;
+  inflight_.push_back(o);
+  arm_deadline();
+  dispatch(o);
+}
+
+// To the node serving the check: the one server, or its slot's master (else it waits for the map).
+void redis_core::dispatch(const op_ptr& o) {
+  if (o->done) return;
+  node* n = route(*o);
+  if (n == nullptr) return await_map(o);
+  send_to(*n, o, false);
+}
+
+void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
+  if (n.circuit.is_open()) return fail(o, errc::backend_unavailable, "circuit open for " + n.address);
+  if (n.conn->resolving()) {
+    // The host name is being resolved: sent once connected, if still within the deadline.
+    n.unsent.emplace_back(o, asking);
+    return;
+  }
+  if (!n.conn->open()) {
+    if (cluster_) request_refresh();
+    return fail(o, errc::backend_unavailable, "not connected to " + n.address);
+  }
+  // The deadline on this node's clock: a call it runs later records nothing (scripts.cpp).
+  const std::int64_t deadline_us =
+      options_.clock_for_test
+          ? -1
+          : n.clock.server_us_at(std::chrono::duration_cast<std::chrono::microseconds>(o->deadline.time_since_epoch())
+                                     .count());
+  set_deadline(o->call, deadline_us);
+  std::string eval;
+  const std::string* text = &o->call.text;
+  if (o->eval) {
+    // EVAL with the script's body instead of EVALSHA with its hash; the rest is the same.
+    eval = eval_command(o->call, scripts()[o->rule->call.script].body);
+    text = &eval;
+  }
+  static const std::string asking_command = "*1\r\n$6\r\nASKING\r\n";
+  if (asking && !n.conn->send(asking_command, nullptr, nullptr)) {
+    return fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
+  }
+  auto* box = new reply_box{o, this, &n};
+  if (!n.conn->send(*text, &redis_core::on_reply, box)) {
+    delete box;
+    return fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
+  }
+  ++n.in_flight;
+  o->sent_to = &n;
+}
+
+// Checks that waited for the host name to resolve go right behind the new connection's handshake.
+void redis_core::send_unsent(node& n) {
+  auto waiting = std::move(n.unsent);
+  n.unsent.clear();
+  for (auto& [o, asking] : waiting) {
+    if (!o->done) send_to(n, o, asking);
+  }
+}
+
+void redis_core::on_reply(redisAsyncContext*, void* reply, void* privdata) {
+  auto* box = static_cast<reply_box*>(privdata);
+  op_ptr o = std::move(box->o);
+  redis_core* self = box->core;
+  node& n = *box->to;
+  delete box;
+  --n.in_flight;
+  if (o->sent_to == &n) o->sent_to = nullptr;
+  self->handle_reply(o, n, static_cast<redisReply*>(reply));
+}
+
+void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply) {
+  if (o->done) return;  // timed out already
+  if (reply == nullptr) {
+    // The connection is going away; its loss is handled (and counted for the breaker) once. The
+    // script may have run: the check is never sent again.
+    return fail(o, errc::backend_unavailable, "connection to " + n.address + " lost");
+  }
+  n.circuit.succeeded();  // the node answered: its connection is healthy
+  if (reply->type == REDIS_REPLY_ERROR) {
+    const std::string_view msg(reply->str, reply->len);
+    if (redirect(o, n, msg)) return;
+    if (classify_error(msg) == reply_error::oom) set_out_of_memory(n, true);
+    return fail(o, errc::backend_protocol, "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200)));
+  }
+  set_out_of_memory(n, false);
+  if (std::int64_t t = reply_time(*reply); t >= 0) n.clock.observe(t, server_clock::local_now_us());
+  if (is_expired_reply(*reply)) {
+    return fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
+  }
+  auto d = parse_reply(o->rule->call, *reply);
+  if (!d) return fail(o, errc::backend_protocol, d.error().message);
+  redis_decisions_.fetch_add(1, std::memory_order_relaxed);
+  complete(o, std::move(d));
+  trim_inflight();
+}
+
+// The error replies that say the script did not run and where (or when) to send it: true when the
+// check was sent on (or waits to be).
+bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg) {
+  const reply_error kind = classify_error(msg);
+  if (kind == reply_error::noscript) {
+    // The node forgot the script (SCRIPT FLUSH, restart, a new node): send its body; EVAL caches it.
+    if (o->eval || !n.conn->open()) return false;
+    o->eval = true;
+    script_reloads_.fetch_add(1, std::memory_order_relaxed);
+    send_to(n, o, false);
+    return true;
+  }
+  if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
+  if (o->redirects >= max_redirects) return false;
+  ++o->redirects;
+  switch (kind) {
+    case reply_error::moved:
+    case reply_error::ask: {
+      const auto host = n.address.substr(0, n.address.rfind(':'));
+      auto to = parse_redirection(msg, host.starts_with('[') ? host.substr(1, host.size() - 2) : host);
+      node* target = to ? node_at(to->address) : nullptr;
+      if (target == nullptr) return false;
+      redirections_.fetch_add(1, std::memory_order_relaxed);
+      if (kind == reply_error::moved) {
+        // The slot lives there now; the rest of the map may have moved too.
+        slots_[to->slot] = target;
+        target->serves = true;
+        request_refresh();
+      }
+      send_to(*target, o, kind == reply_error::ask);
+      return true;
+    }
+    case reply_error::readonly:
+      // A replica: an old master after a failover. Where its slots went, the next map says.
+      redirections_.fetch_add(1, std::memory_order_relaxed);
+      await_map(o);
+      return true;
+    case reply_error::clusterdown: request_refresh(); [[fallthrough]];
+    case reply_error::tryagain:
+      retries_.fetch_add(1, std::memory_order_relaxed);
+      retry_later(o);
+      return true;
+    default: return false;
+  }
+}
+
+// TRYAGAIN or CLUSTERDOWN: the same node (or the slot's master by then) after 1, 2, 4, 8, 16 ms.
+void redis_core::retry_later(const op_ptr& o) {
+  const auto wait = std::chrono::milliseconds(1 << std::min(o->redirects - 1, 4));
+  auto timer = std::make_shared<asio::steady_timer>(strand_, wait);
+  timer->async_wait(asio::bind_executor(strand_, [self = shared_from_this(), o, timer](boost::system::error_code) {
+    if (self->stopping_) return;
+    self->dispatch(o);
+  }));
+}
+
+void redis_core::complete(const op_ptr& o, result<decision> r) {
+  o->done = true;
+  check_handler h = std::move(o->handler);
+  pending_.fetch_sub(1, std::memory_order_relaxed);
+  h(std::move(r));
+}
+
+void redis_core::fail(const op_ptr& o, errc code, std::string_view why) {
+  if (o->done) return;
+  switch (code) {
+    case errc::backend_timeout: timeouts_.fetch_add(1, std::memory_order_relaxed); break;
+    case errc::backend_protocol: protocol_errors_.fetch_add(1, std::memory_order_relaxed); break;
+    default: unavailable_.fetch_add(1, std::memory_order_relaxed); break;
+  }
+  if (!stopping_) {
+    if (std::uint64_t n = log_.occurred()) {
+      spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", why, n);
+    }
+  }
+  complete(o, failure_decision(o->req, *o->rule));
+}
+
+// What on_error decides for a check Redis could not answer. Thread-safe.
+result<decision> redis_core::failure_decision(const check_request& req, const redis_prepared_rule& prepared) {
+  const rule& r = *req.rule;
+  switch (options_.on_error) {
+    case failure_policy::allow:
+      fail_open_.fetch_add(1, std::memory_order_relaxed);
+      return full_capacity_decision(r, decision_source::fail_open);
+    case failure_policy::deny: {
+      fail_closed_.fetch_add(1, std::memory_order_relaxed);
+      decision d;
+      d.limit = r.limit.capacity();
+      if (r.is_dual_layer()) {
+        d.dual_layer = true;
+        d.user.limit = r.limit.capacity();
+        d.tenant.limit = r.tenant->capacity();
+      }
+      d.retry_after = std::chrono::seconds(1);
+      d.source = decision_source::fail_closed;
+      return d;
+    }
+    case failure_policy::local: {
+      local_fallback_.fetch_add(1, std::memory_order_relaxed);
+      check_request local_req = req;
+      local_req.prepared = prepared.local.get();
+      auto l = local_->check(local_req);
+      if (l) l->source = decision_source::local_fallback;
+      return l;
+    }
+  }
+  return error(errc::backend_unavailable, "no failure policy");
+}
+
+// --- deadlines ------------------------------------------------------------------------------------
+
+void redis_core::trim_inflight() {
+  while (!inflight_.empty() && inflight_.front()->done) inflight_.pop_front();
+}
+
+// One timer for all checks: they share one timeout, so inflight_ is in deadline order.
+void redis_core::arm_deadline() {
+  trim_inflight();
+  if (inflight_.empty() || deadline_armed_) return;
+  deadline_armed_ = true;
+  deadline_timer_.expires_at(inflight_.front()->deadline);
+  deadline_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code) {
+    self->deadline_armed_ = false;
+    if (self->stopping_) return;
+    self->expire_due();
+  }));
+}
+
+void redis_core::expire_due() {
+  const auto now = steady::now();
+  std::vector<op_ptr> expired;
+  while (!inflight_.empty()) {
+    op_ptr o = inflight_.front();
+    if (!o->done && o->deadline > now) break;
+    inflight_.pop_front();
+    if (!o->done) expired.push_back(std::move(o));
+  }
+  // Each node's breaker counts the checks it did not answer in time.
+  std::vector<std::pair<node*, std::size_t>> unanswered;
+  for (const auto& o : expired) {
+    if (o->sent_to == nullptr) continue;  // waiting for a route or a retry: no node's fault
+    auto it = std::find_if(unanswered.begin(), unanswered.end(), [&](const auto& e) { return e.first == o->sent_to; });
+    if (it == unanswered.end()) {
+      unanswered.emplace_back(o->sent_to, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::vector<node*> tripped;
+  for (auto [n, count] : unanswered) {
+    if (!n->circuit.failed(count)) continue;
+    // Open the circuit before completing: a caller woken by this timeout already sees it open.
+    open_circuit(*n, std::to_string(n->circuit.consecutive_failures()) + " consecutive failures");
+    tripped.push_back(n);
+  }
+  for (const auto& o : expired) fail(o, errc::backend_timeout, "no reply within command_timeout");
+  for (node* n : tripped) {
+    if (n->conn->open()) n->conn->drop(std::to_string(n->circuit.consecutive_failures()) + " consecutive failures");
+  }
+  arm_deadline();
+}
+
+// --- nodes ----------------------------------------------------------------------------------------
+
+node_ptr redis_core::make_node(const endpoint& where) {
+  auto n = std::make_shared<node>(strand_, options_);
+  node* raw = n.get();
+  // The connection's events run on the strand, before do_shutdown or close_node closes it: `this`
+  // and the node are alive.
+  n->conn = std::make_shared<connection>(
+      strand_, where, options_,
+      connection::events{.opened = [this, raw] { send_unsent(*raw); },
+                         .ready = [this, raw] { on_node_ready(*raw); },
+                         .lost = [this, raw](const std::string& why) { on_node_lost(*raw, why); },
+                         .server_time = [raw](std::int64_t us) { raw->clock.observe(us, server_clock::local_now_us()); }});
+  n->address = n->conn->address();  // cluster nodes: replaced by the map's spelling
+  return n;
+}
+
+// No more events, waits or probes; what it still had in flight completes as unavailable.
+void redis_core::close_node(node& n) {
+  if (n.circuit.close()) open_circuits_.fetch_sub(1, std::memory_order_relaxed);
+  n.circuit.stop();
+  n.oom_probe_timer.cancel();
+  n.conn->close();
+  auto waiting = std::move(n.unsent);
+  n.unsent.clear();
+  for (auto& [o, asking] : waiting) fail(o, errc::backend_unavailable, "connection to " + n.address + " closed");
+}
+
+void redis_core::on_node_ready(node& n) {
+  n.ready = true;
+  connects_.fetch_add(1, std::memory_order_relaxed);
+  n.circuit.succeeded();
+  if (n.circuit.close()) {
+    open_circuits_.fetch_sub(1, std::memory_order_relaxed);
+    spdlog::info("sluice redis backend: connected to {}; circuit closed", n.address);
+  }
+  update_ready();
+  if (cluster_ && refresh_wanted_) start_refresh();
+}
+
+// The connection is gone (or never came): fail fast until a probe reconnects.
+void redis_core::on_node_lost(node& n, const std::string& why) {
+  auto waiting = std::move(n.unsent);
+  n.unsent.clear();
+  for (auto& [o, asking] : waiting) fail(o, errc::backend_unavailable, why);
+  n.ready = false;
+  if (stopping_) return;
+  if (std::uint64_t count = log_.occurred()) {
+    spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", why, count);
+  }
+  open_circuit(n, why);
+  update_ready();
+  if (cluster_) request_refresh();  // a failover, perhaps: where its slots went, the map says
+}
+
+void redis_core::open_circuit(node& n, const std::string& why) {
+  if (n.circuit.open()) {
+    circuit_opens_.fetch_add(1, std::memory_order_relaxed);
+    open_circuits_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("sluice redis backend: circuit open ({}); checks follow on_error until {} answers", why, n.address);
+    update_ready();
+  }
+  // A probe is a new connection; its handshake PING closes the circuit. The probe holds the node.
+  n.circuit.probe_while_open([self = shared_from_this(), held = n.shared_from_this()] {
+    if (!held->conn->open()) held->conn->connect();
+  });
+}
+
+// While a node refuses scripts for want of memory (OOM), readiness is false, and a probe that is
+// refused the same way (command.hpp's oom_probe_command) checks every breaker_probe_interval
+// whether memory is back, so readiness returns even with no checks coming.
+void redis_core::set_out_of_memory(node& n, bool oom) {
+  if (n.out_of_memory == oom) return;  // the common case
+  n.out_of_memory = oom;
+  update_ready();
+  if (oom) {
+    if (std::uint64_t count = log_.occurred()) {
+      spdlog::warn("sluice redis backend: {} is out of memory (maxmemory): scripts refused, /readyz reports not ready"
+                   " ({} error(s) since the last report)",
+                   n.address, count);
+    }
+    schedule_oom_probe(n.shared_from_this());
+  }
+}
+
+void redis_core::schedule_oom_probe(const node_ptr& n) {
+  if (stopping_) return;
+  n->oom_probe_timer.expires_after(options_.breaker_probe_interval);
+  n->oom_probe_timer.async_wait(asio::bind_executor(strand_, [self = shared_from_this(), n](boost::system::error_code ec) {
+    if (ec || self->stopping_ || !n->out_of_memory) return;
+    struct probe_box {
+      redis_core* core;
+      node_ptr n;
+    };
+    auto* box = new probe_box{self.get(), n};
+    auto on_probe = [](redisAsyncContext* ac, void* reply, void* privdata) {
+      std::unique_ptr<probe_box> b(static_cast<probe_box*>(privdata));
+      auto* r = static_cast<redisReply*>(reply);
+      if (r == nullptr || !b->n->conn->is_current(ac)) return;
+      if (r->type != REDIS_REPLY_ERROR) b->core->set_out_of_memory(*b->n, false);
+    };
+    if (!n->conn->send(oom_probe_command(), on_probe, box)) delete box;
+    self->schedule_oom_probe(n);
+  }));
+}
+
+void redis_core::do_shutdown() {
+  if (stopping_) return;
+  stopping_ = true;
+  deadline_timer_.cancel();
+  refresh_timer_.cancel();
+  if (single_) close_node(*single_);  // waiting checks complete with "unavailable"
+  for (auto& [address, n] : nodes_) close_node(*n);
+  for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");
+  inflight_.clear();
+  awaiting_map_.clear();
+}
+
+}  // namespace sluice::detail

@@ -1,0 +1,204 @@
+// src/redis/core.hpp — the Redis backend's engine: a check's way from async_check to its decision,
+// on one Redis server or on a Redis Cluster.
+//
+// A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
+// to the strand, routed to the node that serves it — the one server, or the master that owns its
+// slot — and sent on that node's connection (connection.hpp: hiredis pipelines it behind the
+// others). It completes with the first of: its reply, its deadline, the connection's loss. What
+// Redis cannot answer follows on_error; each node's circuit breaker (breaker.hpp) stops paying the
+// timeout while that node is down.
+//
+// core.cpp holds the check's path; cluster_routing.cpp the cluster's slot map (discovery from the
+// seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
+// patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
+// backoff), READONLY (after a refresh) — each only within the check's deadline and at most
+// max_redirects times; a reply that never came (a lost connection) is never resent, since the
+// script may have run.
+//
+// Thread-safe where marked; everything else runs on `strand_`.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/log_throttle.hpp"
+#include "redis/breaker.hpp"
+#include "redis/cluster_topology.hpp"
+#include "redis/command.hpp"
+#include "redis/connection.hpp"
+#include "redis/server_clock.hpp"
+#include "redis/strand.hpp"
+#include "sluice/memory_backend.hpp"
+#include "sluice/redis_backend.hpp"
+
+struct redisAsyncContext;
+struct redisReply;
+
+namespace sluice::detail {
+
+using steady = std::chrono::steady_clock;
+
+/// What prepare() makes of a rule: its script call, and the rule as the local fallback prepared it.
+struct redis_prepared_rule final : prepared_rule {
+  redis_prepared_rule(const rule& r, const backend* owner) : prepared_rule(r, owner) {}
+  prepared_script call;
+  prepared_rule_ptr local;  // on_error = local only
+};
+
+struct node;
+
+/// One check on its way through the backend.
+struct op {
+  check_request req;                                // views valid until the handler runs
+  const redis_prepared_rule* rule = nullptr;        // the caller's (valid as the views), or `made`
+  std::shared_ptr<const redis_prepared_rule> made;  // prepared for this check alone
+  check_handler handler;
+  command call;  // EVALSHA, formatted once; its deadline set at each send
+  steady::time_point deadline;
+  node* sent_to = nullptr;  // the node whose reply it waits for; null while it waits for a route
+  int redirects = 0;        // MOVED, ASK, READONLY, TRYAGAIN, CLUSTERDOWN so far
+  bool done = false;
+  bool eval = false;  // sent as EVAL since a node said NOSCRIPT
+};
+
+using op_ptr = std::shared_ptr<op>;
+
+/// One Redis server: the single one, or a cluster node (a seed, or a master of the slot map).
+struct node : std::enable_shared_from_this<node> {
+  node(const strand_type& strand, const redis_options& o) : circuit(strand, o), oom_probe_timer(strand) {}
+
+  std::string address;  // as configured, or as the cluster names it: its key in the node map
+  std::shared_ptr<connection> conn;
+  breaker circuit;
+  server_clock clock;  // observed from its replies; sets the deadline of what is sent to it
+  asio::steady_timer oom_probe_timer;
+  std::vector<std::pair<op_ptr, bool>> unsent;  // waiting for the host name to resolve; bool: ASKING first
+  std::size_t in_flight = 0;                    // commands sent whose callback has not run
+  bool ready = false;                           // the handshake was answered
+  bool out_of_memory = false;                   // it refuses scripts over maxmemory
+  bool serves = false;                          // cluster: a master of the current slot map
+};
+
+using node_ptr = std::shared_ptr<node>;
+
+/// Most times one check is sent on by a cluster (MOVED, ASK, READONLY, TRYAGAIN, CLUSTERDOWN).
+inline constexpr int max_redirects = 5;
+/// Most cluster nodes connected at once (Redis Cluster's own design ceiling is 1,000): a hostile or
+/// broken topology cannot make the backend open connections without bound.
+inline constexpr std::size_t max_nodes = 1024;
+/// Slot map refreshes start at most this often (MOVED and lost connections ask for one).
+inline constexpr std::chrono::milliseconds min_refresh_gap{100};
+
+class redis_core : public std::enable_shared_from_this<redis_core> {
+ public:
+  /// One Redis server at `seeds[0]`, or (cluster) a Redis Cluster discovered from `seeds`.
+  redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, asio::io_context& io,
+             std::unique_ptr<memory_backend> local);
+
+  void start();
+  /// Fails everything still waiting and closes the connections. Must not run on the io threads
+  /// unless inside the strand.
+  void shutdown();
+
+  /// Thread-safe.
+  bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
+  result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner) const;
+  void async_check(const check_request& req, const backend* owner, check_handler handler);
+  bool ready() const { return ready_.load(std::memory_order_relaxed); }
+  bool cluster() const noexcept { return cluster_; }
+  redis_backend_stats stats() const;
+  void forget_rule(std::string_view name);
+
+ private:
+  struct reply_box;  // what a command sent on a connection carries to its callback
+
+  // --- the check's path (core.cpp) ---------------------------------------------------------------
+  static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
+  void submit(op_ptr o);
+  void dispatch(const op_ptr& o);
+  void send_to(node& n, const op_ptr& o, bool asking);
+  void send_unsent(node& n);
+  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  void handle_reply(const op_ptr& o, node& n, redisReply* reply);
+  bool redirect(const op_ptr& o, node& n, std::string_view message);
+  void retry_later(const op_ptr& o);
+  void complete(const op_ptr& o, result<decision> r);
+  void fail(const op_ptr& o, errc code, std::string_view why);
+  result<decision> failure_decision(const check_request& req, const redis_prepared_rule& prepared);
+  void trim_inflight();
+  void arm_deadline();
+  void expire_due();
+
+  // --- nodes: their connections' events, breakers, out of memory (core.cpp) ----------------------
+  node_ptr make_node(const endpoint& where);
+  void close_node(node& n);
+  void on_node_ready(node& n);
+  void on_node_lost(node& n, const std::string& why);
+  void open_circuit(node& n, const std::string& why);
+  void set_out_of_memory(node& n, bool oom);
+  void schedule_oom_probe(const node_ptr& n);
+  void do_shutdown();
+
+  // --- the slot map (cluster_routing.cpp) --------------------------------------------------------
+  node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }
+  node* node_at(const std::string& address);
+  void await_map(const op_ptr& o);
+  void request_refresh();
+  void schedule_refresh(steady::duration after);
+  void start_refresh();
+  void send_topology_query(node& n, bool shards);
+  static void on_topology_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  void handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh);
+  void finish_refresh(bool updated);
+  void apply_map(const std::vector<slot_owner>& owners);
+  void retire_idle_nodes();
+  bool healthy() const;
+  void update_ready();
+
+  const redis_options options_;
+  const bool cluster_;
+  const std::vector<endpoint> seeds_;
+  asio::io_context& io_;
+  strand_type strand_;
+  asio::steady_timer deadline_timer_;
+  std::unique_ptr<memory_backend> local_;
+  log_throttle log_;
+
+  // Strand only.
+  node_ptr single_;                             // single Redis
+  std::map<std::string, node_ptr> nodes_;       // cluster: by address
+  std::vector<node*> slots_;                    // cluster: the master of each slot; null: unknown
+  std::deque<op_ptr> inflight_;                 // accepted and not yet failed by the deadline, in deadline order
+  std::vector<op_ptr> awaiting_map_;            // cluster: no master known for their slot yet
+  asio::steady_timer refresh_timer_;            // cluster
+  std::uint64_t refresh_timer_generation_ = 0;  // a wait of an older generation was replaced
+  steady::time_point refresh_due_{};            // when the armed wait ends (if armed)
+  bool refresh_armed_ = false;
+  std::uint64_t refresh_generation_ = 0;  // one per query: a late answer to an older one is dropped
+  bool refreshing_ = false;
+  bool refresh_wanted_ = false;  // asked for while no node could answer: on the next ready node
+  steady::time_point refresh_started_{};
+  std::size_t next_query_node_ = 0;  // round robin over the masters asked
+  bool deadline_armed_ = false;
+  bool stopping_ = false;
+
+  // Any thread.
+  std::atomic<bool> ready_{false};
+  std::atomic<bool> out_of_memory_{false};
+  std::atomic<std::uint64_t> pending_{0};
+  std::atomic<std::uint64_t> masters_{0};
+  std::atomic<int> open_circuits_{0};
+  std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},
+      overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, script_reloads_{0}, connects_{0},
+      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0};
+};
+
+}  // namespace sluice::detail
