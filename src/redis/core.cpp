@@ -270,6 +270,13 @@ bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg) {
     return true;
   }
   if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
+  if (kind == reply_error::tryagain || kind == reply_error::clusterdown) {
+    if (kind == reply_error::clusterdown) request_refresh();
+    ++o->retries;
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    retry_later(o);
+    return true;
+  }
   if (o->redirects >= max_redirects) return false;
   ++o->redirects;
   switch (kind) {
@@ -294,18 +301,13 @@ bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg) {
       redirections_.fetch_add(1, std::memory_order_relaxed);
       await_map(o);
       return true;
-    case reply_error::clusterdown: request_refresh(); [[fallthrough]];
-    case reply_error::tryagain:
-      retries_.fetch_add(1, std::memory_order_relaxed);
-      retry_later(o);
-      return true;
     default: return false;
   }
 }
 
-// TRYAGAIN or CLUSTERDOWN: the same node (or the slot's master by then) after 1, 2, 4, 8, 16 ms.
+// TRYAGAIN or CLUSTERDOWN: the slot's master after 1, 2, 4, 8, then every 16 ms, until the deadline.
 void redis_core::retry_later(const op_ptr& o) {
-  const auto wait = std::chrono::milliseconds(1 << std::min(o->redirects - 1, 4));
+  const auto wait = std::chrono::milliseconds(1 << std::min(o->retries - 1, 4));
   auto timer = std::make_shared<asio::steady_timer>(strand_, wait);
   timer->async_wait(asio::bind_executor(strand_, [self = shared_from_this(), o, timer](boost::system::error_code) {
     if (self->stopping_) return;

@@ -11,8 +11,8 @@
 // core.cpp holds the check's path; cluster_routing.cpp the cluster's slot map (discovery from the
 // seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
-// backoff), READONLY (after a refresh) — each only within the check's deadline and at most
-// max_redirects times; a reply that never came (a lost connection) is never resent, since the
+// backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
+// check's deadline, and to another node at most max_redirects times; a reply that never came (a lost connection) is never resent, since the
 // script may have run.
 //
 // Thread-safe where marked; everything else runs on `strand_`.
@@ -64,7 +64,8 @@ struct op {
   command call;  // EVALSHA, formatted once; its deadline set at each send
   steady::time_point deadline;
   node* sent_to = nullptr;  // the node whose reply it waits for; null while it waits for a route
-  int redirects = 0;        // MOVED, ASK, READONLY, TRYAGAIN, CLUSTERDOWN so far
+  int redirects = 0;        // MOVED, ASK, READONLY so far (at most max_redirects)
+  int retries = 0;          // TRYAGAIN, CLUSTERDOWN so far (as many as its deadline allows)
   bool done = false;
   bool eval = false;  // sent as EVAL since a node said NOSCRIPT
 };
@@ -89,7 +90,7 @@ struct node : std::enable_shared_from_this<node> {
 
 using node_ptr = std::shared_ptr<node>;
 
-/// Most times one check is sent on by a cluster (MOVED, ASK, READONLY, TRYAGAIN, CLUSTERDOWN).
+/// Most times one check is sent on by a cluster to another node (MOVED, ASK, READONLY).
 inline constexpr int max_redirects = 5;
 /// Most cluster nodes connected at once (Redis Cluster's own design ceiling is 1,000): a hostile or
 /// broken topology cannot make the backend open connections without bound.

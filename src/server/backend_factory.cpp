@@ -12,18 +12,16 @@ result<void> check_servable(const config& cfg) {
   switch (cfg.backend.type) {
     case backend_type::memory: return {};
     case backend_type::redis:
+    case backend_type::redis_cluster:
 #ifdef SLUICE_HAVE_REDIS
       for (const rule& r : cfg.rules) {
         if (auto v = validate_for_redis(r); !v) return {errc::config_invalid, cfg.source + ": " + v.error().message};
       }
       return {};
 #else
-      return {errc::config_invalid,
-              cfg.source + ": [backend] type = \"redis\": this sluiced was built without Redis support"};
+      return {errc::config_invalid, cfg.source + ": [backend] type = \"" + std::string(to_string(cfg.backend.type)) +
+                                        "\": this sluiced was built without Redis support"};
 #endif
-    case backend_type::redis_cluster:
-      return {errc::config_invalid,
-              cfg.source + ": [backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\""};
   }
   return {errc::config_invalid, "unknown backend type"};
 }
@@ -35,17 +33,13 @@ result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
     return std::unique_ptr<backend>(std::move(*b));
   }
 #ifdef SLUICE_HAVE_REDIS
-  if (s.type == backend_type::redis) {
-    auto b = make_redis_backend(s.redis);
-    if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
-    return std::unique_ptr<backend>(std::move(*b));
-  }
+  auto b = s.type == backend_type::redis ? make_redis_backend(s.redis) : make_redis_cluster_backend(s.redis);
+  if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
+  return std::unique_ptr<backend>(std::move(*b));
+#else
+  return error(errc::config_invalid, "[backend] type = \"" + std::string(to_string(s.type)) +
+                                         "\": this sluiced was built without Redis support");
 #endif
-  if (s.type == backend_type::redis_cluster) {
-    return error(errc::config_invalid,
-                 "[backend] type = \"redis_cluster\" is not supported yet; use \"redis\" or \"memory\"");
-  }
-  return error(errc::config_invalid, "[backend] type = \"redis\": this sluiced was built without Redis support");
 }
 
 }  // namespace sluice::server

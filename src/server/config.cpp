@@ -406,7 +406,8 @@ result<std::optional<std::vector<std::string>>> read_addresses(const section& s,
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
                        "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
-                       "breaker_probe_interval_ms", "error_log_interval_ms", "max_keys_per_rule"});
+                       "breaker_probe_interval_ms", "error_log_interval_ms", "cluster_refresh_interval_ms",
+                       "max_keys_per_rule"});
       !v) {
     return v.error();
   }
@@ -437,6 +438,9 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   auto db = s.integer_or("database", r.database, 0, 1'000'000);
   if (!db) return db.error();
   r.database = static_cast<int>(*db);
+  if (b.type == backend_type::redis_cluster && r.database != 0) {
+    return s.bad("database", "must be 0 for a Redis Cluster (it has no other)");
+  }
   auto prefix = s.string("key_prefix", r.key_prefix);
   if (!prefix) return prefix.error();
   if (prefix->size() > 128) return s.bad("key_prefix", "must be at most 128 bytes");
@@ -473,6 +477,7 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   r.breaker_failure_threshold = static_cast<int>(*threshold);
   if (auto v = millis("breaker_probe_interval_ms", r.breaker_probe_interval, 1, max_backend_ms); !v) return v;
   if (auto v = millis("error_log_interval_ms", r.error_log_interval, 0, max_backend_ms); !v) return v;
+  if (auto v = millis("cluster_refresh_interval_ms", r.cluster_refresh_interval, 1, max_backend_ms); !v) return v;
   auto keys = s.integer_or("max_keys_per_rule", static_cast<std::int64_t>(b.max_keys_per_rule), 1, 1'000'000'000);
   if (!keys) return keys.error();
   b.max_keys_per_rule = static_cast<std::size_t>(*keys);

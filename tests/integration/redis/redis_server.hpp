@@ -14,7 +14,9 @@
 
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +24,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <cstring>
@@ -40,13 +43,16 @@ using reply_ptr = std::unique_ptr<redisReply, reply_deleter>;
 
 class redis_server {
  public:
-  /// `extra` is appended to the redis-server command line, e.g. {"--requirepass", "pw"}.
-  explicit redis_server(std::vector<std::string> extra = {}) : extra_(std::move(extra)) {
+  /// `extra` is appended to the redis-server command line, e.g. {"--requirepass", "pw"}; a port
+  /// is taken only when `port_ok` (if given) accepts it (a cluster node needs port + 10000 too).
+  explicit redis_server(std::vector<std::string> extra = {}, std::function<bool(int)> port_ok = {})
+      : extra_(std::move(extra)) {
     char tmpl[] = "/tmp/sluice-redis-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
-    for (int attempt = 0; attempt < 5; ++attempt) {
+    for (int attempt = 0; attempt < 20; ++attempt) {
       port_ = free_port();
+      if (port_ok && !port_ok(port_)) continue;
       if (start()) return;
     }
     throw std::runtime_error("redis-server did not start");
@@ -190,6 +196,11 @@ class redis_server {
     pid_t pid = ::fork();
     if (pid < 0) throw std::runtime_error("fork failed");
     if (pid == 0) {
+      // Dies with the test (even one that crashed), and leaves the test's output to the test.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int devnull = ::open("/dev/null", O_WRONLY);
+      ::dup2(devnull, STDOUT_FILENO);
+      ::dup2(devnull, STDERR_FILENO);
       ::execv(argv[0], argv.data());
       ::_exit(127);
     }

@@ -479,7 +479,7 @@ class Cli(SluicedTest):
                 (SEED.replace("window = 60 ", "window = \"60 s\""), "%s:6:10: window must be a duration" % path),
                 (SEED.replace("limit = 100 ", "#"), "%s:1:1: [ratelimit] is missing 'limit'" % path),
                 ("[ratelimit\n", "%s:1:11:" % path),
-                ('[backend]\ntype = "redis_cluster"\n' + SEED, "not supported yet"),
+                ('[backend]\ntype = "redis_cluster"\ndatabase = 2\n' + SEED, "database must be 0 for a Redis Cluster"),
             ]
             for text, expected in cases:
                 with open(path, "w") as f:

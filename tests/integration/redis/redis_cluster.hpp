@@ -1,0 +1,167 @@
+// tests/integration/redis/redis_cluster.hpp — a real Redis Cluster for tests: 3 masters and 3
+// replicas of Debian's redis-server on 127.0.0.1.
+//
+// Each node is a redis_server (redis_server.hpp) started in cluster mode on a free port whose bus
+// port (port + 10000) is free too, with cluster-node-timeout 1000 ms and
+// cluster-replica-validity-factor 0 (a replica may always take over). `redis-cli --cluster create`
+// joins them; the fixture then waits until every node reports cluster_state:ok and every replica's
+// master_link_status:up (a replica that has not finished its first sync refuses to fail over).
+// Every process it started is ended by its PID at the end.
+//
+//   sluice::testing::redis_cluster cluster;
+//   auto b = sluice::make_redis_cluster_backend({.addresses = cluster.seeds()});
+//   redis_server& m = cluster.master_of(slot);   // the node serving a slot now
+//
+// Not thread-safe.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "integration/free_port.hpp"
+#include "integration/redis/redis_server.hpp"
+
+namespace sluice::testing {
+
+class redis_cluster {
+ public:
+  static constexpr int node_timeout_ms = 1000;
+
+  /// `extra` is added to every node's command line, e.g. {"--cluster-require-full-coverage", "no"}.
+  explicit redis_cluster(std::vector<std::string> extra = {}, int masters = 3, int replicas_per_master = 1) {
+    const int count = masters * (1 + replicas_per_master);
+    std::vector<std::string> args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                                     "--cluster-node-timeout", std::to_string(node_timeout_ms),
+                                     "--cluster-replica-validity-factor", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    for (int i = 0; i < count; ++i) {
+      nodes_.push_back(std::make_unique<redis_server>(
+          args, [](int port) { return port + 10000 <= 65535 && port_free(port + 10000); }));
+    }
+    std::vector<std::string> create = {"/usr/bin/redis-cli", "--cluster", "create"};
+    for (const auto& n : nodes_) create.push_back(n->address());
+    create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas_per_master), "--cluster-yes"});
+    if (run(create) != 0) throw std::runtime_error("redis-cli --cluster create failed");
+    wait_healthy();
+  }
+
+  redis_cluster(const redis_cluster&) = delete;
+  redis_cluster& operator=(const redis_cluster&) = delete;
+
+  /// Every node's address: what a client is given as seeds.
+  std::vector<std::string> seeds() const {
+    std::vector<std::string> out;
+    for (const auto& n : nodes_) out.push_back(n->address());
+    return out;
+  }
+
+  std::vector<redis_server*> nodes() const {
+    std::vector<redis_server*> out;
+    for (const auto& n : nodes_) out.push_back(n.get());
+    return out;
+  }
+
+  /// The nodes alive that are masters now.
+  std::vector<redis_server*> masters() {
+    std::vector<redis_server*> out;
+    for (const auto& n : nodes_) {
+      if (n->pid() > 0 && info(*n, "replication").find("role:master") != std::string::npos) out.push_back(n.get());
+    }
+    return out;
+  }
+
+  /// The node that serves `slot` now, as a live node sees it (CLUSTER SHARDS).
+  redis_server& master_of(int slot) {
+    for (const auto& n : nodes_) {
+      if (n->pid() <= 0) continue;
+      auto r = n->command({"CLUSTER", "SLOTS"});
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        const redisReply* range = r->element[i];
+        if (slot < range->element[0]->integer || slot > range->element[1]->integer) continue;
+        for (const auto& m : nodes_) {
+          if (m->port() == range->element[2]->element[1]->integer) return *m;
+        }
+      }
+      break;
+    }
+    throw std::runtime_error("no master serves slot " + std::to_string(slot));
+  }
+
+  /// A replica of `master`.
+  redis_server& replica_of(redis_server& master) {
+    for (const auto& n : nodes_) {
+      if (n->pid() <= 0 || n.get() == &master) continue;
+      if (info(*n, "replication").find("master_port:" + std::to_string(master.port()) + "\r\n") != std::string::npos) {
+        return *n;
+      }
+    }
+    throw std::runtime_error("no replica of " + master.address());
+  }
+
+  /// Until every live node says cluster_state:ok and every live replica's link to its master is up
+  /// (bounded: 60 s).
+  void wait_healthy() {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < give_up) {
+      bool ok = true;
+      for (const auto& n : nodes_) {
+        if (n->pid() <= 0) continue;
+        try {
+          if (n->string({"CLUSTER", "INFO"}).find("cluster_state:ok") == std::string::npos) ok = false;
+          const std::string repl = info(*n, "replication");
+          if (repl.find("role:slave") != std::string::npos && repl.find("master_link_status:up") == std::string::npos) {
+            ok = false;
+          }
+        } catch (const std::exception&) {
+          ok = false;
+        }
+        if (!ok) break;
+      }
+      if (ok) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    throw std::runtime_error("the Redis Cluster did not become healthy within 60 s");
+  }
+
+  static std::string info(redis_server& n, const std::string& section) { return n.string({"INFO", section}); }
+
+ private:
+  static bool port_free(int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    return ok;
+  }
+
+  // Runs a command to its end (its output into /dev/null); its exit status.
+  static int run(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      std::freopen("/dev/null", "w", stdout);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+
+  std::vector<std::unique_ptr<redis_server>> nodes_;
+};
+
+}  // namespace sluice::testing
