@@ -37,6 +37,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def port_free(port):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
 class Response:
     def __init__(self, status, headers, body):
         self.status = status
@@ -169,18 +178,23 @@ class ServerProcess:
 
 
 class RedisServer(ServerProcess):
-    """A throwaway redis-server on a free loopback port."""
+    """A throwaway redis-server on a free loopback port; `extra` goes on its command line."""
 
-    def __init__(self, port=None):
+    def __init__(self, port=None, extra=()):
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-redis-")
         self.port = port or free_port()
+        self.extra = list(extra)
         self.proc = None
         self.start()
+
+    @property
+    def address(self):
+        return "127.0.0.1:%d" % self.port
 
     def start(self):
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir.name],
+             "--dir", self.dir.name, *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.ping, timeout=10, what="redis-server to answer")
 
@@ -198,6 +212,78 @@ class RedisServer(ServerProcess):
         return subprocess.run(["redis-cli", "-p", str(self.port), *extra, *args], input=last_arg,
                               capture_output=True, text=True, timeout=10).stdout.strip()
 
+
+
+class RedisCluster:
+    """A throwaway Redis Cluster: 3 masters and 3 replicas on loopback (each node's bus port, port +
+    10000, free too), joined by `redis-cli --cluster create` and healthy: every node says
+    cluster_state:ok and every replica's link to its master is up."""
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, extra=()):
+        self.nodes = []
+        try:
+            while len(self.nodes) < 6:
+                port = free_port()
+                if port + 10000 > 65535 or not port_free(port + 10000):
+                    continue
+                self.nodes.append(RedisServer(port, extra=[
+                    "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS), "--cluster-replica-validity-factor", "0",
+                    *extra]))
+            subprocess.run(["redis-cli", "--cluster", "create", *[n.address for n in self.nodes],
+                            "--cluster-replicas", "1", "--cluster-yes"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+            self.wait_healthy()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def seeds(self):
+        return [n.address for n in self.nodes]
+
+    def alive(self):
+        return [n for n in self.nodes if n.proc.poll() is None]
+
+    def masters(self):
+        return [n for n in self.alive() if "role:master" in n.cli("INFO", "replication")]
+
+    def replica_of(self, master):
+        for n in self.alive():
+            if n is not master and ("master_port:%d" % master.port) in n.cli("INFO", "replication"):
+                return n
+        raise AssertionError("no replica of " + master.address)
+
+    def master_of_key(self, key):
+        slot = int(self.alive()[0].cli("CLUSTER", "KEYSLOT", key))
+        for line in self.alive()[0].cli("CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for r in fields[8:]:
+                lo, _, hi = r.partition("-")
+                if r[0] != "[" and int(lo) <= slot <= int(hi or lo):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    return next(n for n in self.nodes if n.port == port)
+        raise AssertionError("no master for slot %d" % slot)
+
+    def healthy(self):
+        for n in self.alive():
+            if "cluster_state:ok" not in n.cli("CLUSTER", "INFO"):
+                return False
+            repl = n.cli("INFO", "replication")
+            if "role:slave" in repl and "master_link_status:up" not in repl:
+                return False
+        return True
+
+    def wait_healthy(self):
+        wait_for(self.healthy, timeout=60, what="the Redis Cluster to be healthy")
+
+    def close(self):
+        for n in self.nodes:
+            n.close()
 
 
 class EtcdServer(ServerProcess):

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "redis/keys.hpp"
+#include "unit/redis/reply_builder.hpp"
 #include "redis/scripts.hpp"
 #include "redis/slot.hpp"
 #include "sluice/gcra.hpp"
@@ -51,46 +52,6 @@ std::vector<std::string> decode(std::string_view resp) {
   EXPECT_TRUE(resp.empty()) << "trailing bytes: " << resp;
   return args;
 }
-
-// Replies as hiredis's reader makes them; every node lives as long as the builder.
-class replies {
- public:
-  redisReply* integer(long long v) {
-    redisReply& r = node(REDIS_REPLY_INTEGER);
-    r.integer = v;
-    return &r;
-  }
-  redisReply* string(std::string s, int type = REDIS_REPLY_STRING) {
-    redisReply& r = node(type);
-    std::string& held = strings_.emplace_back(std::move(s));
-    r.str = held.data();
-    r.len = held.size();
-    return &r;
-  }
-  redisReply* nil() { return &node(REDIS_REPLY_NIL); }
-  redisReply* array(std::vector<redisReply*> elements) {
-    redisReply& r = node(REDIS_REPLY_ARRAY);
-    std::vector<redisReply*>& held = arrays_.emplace_back(std::move(elements));
-    r.elements = held.size();
-    r.element = held.empty() ? nullptr : held.data();
-    return &r;
-  }
-  redisReply* integers(std::initializer_list<long long> values) {
-    std::vector<redisReply*> e;
-    for (long long v : values) e.push_back(integer(v));
-    return array(std::move(e));
-  }
-
- private:
-  redisReply& node(int type) {
-    redisReply& r = nodes_.emplace_back();
-    r.type = type;
-    return r;
-  }
-  std::deque<redisReply> nodes_;
-  std::deque<std::string> strings_;
-  std::deque<std::vector<redisReply*>> arrays_;
-};
 
 constexpr long long now_us = 1'700'000'000'000'000;
 
