@@ -51,6 +51,7 @@ test-release: build
 bench: build
 	./build/bench/core_benchmark --benchmark_min_time=0.2
 	bench/redis/run.sh build/bench/redis_benchmark
+	bench/redis/cluster.sh build/bench/redis_benchmark
 	bench/server/run.sh build/src/server/sluiced
 	bench/http/run.sh build/examples/notes_beast
 	bench/etcd/run.sh build/src/server/sluiced

@@ -1,14 +1,19 @@
 // Throughput, latency and Redis cost of each Redis-backend script.
 //
 //   redis_benchmark --address 127.0.0.1:6379 [--inflight 64] [--keys 100000] [--checks 300000]
+//   redis_benchmark --cluster 127.0.0.1:7000,127.0.0.1:7001,... [...]   (a Redis Cluster's masters)
 //   redis_benchmark --script-body sliding_window_log     (prints that script, for redis-benchmark)
 //
 // For each algorithm (token bucket, sliding window log, sliding window counter, fixed window, dual
 // layer): FLUSHALL; one check for each of `keys` keys, measuring Redis memory per key (INFO memory);
 // CONFIG RESETSTAT; then `checks` checks over the same keys with `inflight` checks in flight on the
 // one connection, measuring throughput, p50/p99 latency (client side, from async_check to its
-// handler) and the server time per call (INFO commandstats, usec_per_call of evalsha).
-// Talks to the given Redis only; every loop is bounded by --checks.
+// handler), this process's CPU time per check (getrusage: the client's cost, Redis runs apart) and
+// the server time per call (INFO commandstats, usec_per_call of evalsha; on a cluster, each
+// master's, which shows how evenly the keys spread). Talks to the given Redis only; every loop is
+// bounded by --checks.
+#include <sys/resource.h>
+
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
@@ -31,6 +36,7 @@ using namespace std::chrono_literals;
 
 struct options {
   std::string address = "127.0.0.1:6379";
+  std::vector<std::string> cluster;  // the masters, when the backend is a cluster
   int inflight = 64;
   int keys = 100'000;
   long checks = 300'000;
@@ -64,8 +70,16 @@ void simple(redisContext* c, const char* cmd) {
   if (r) freeReplyObject(r);
 }
 
+double cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 struct run_result {
   double per_second = 0;
+  double cpu_us = 0;  // this process's CPU time per check
   double p50_us = 0;
   double p99_us = 0;
   long failed = 0;
@@ -115,12 +129,15 @@ run_result drive(sluice::backend& b, const sluice::rule& r, const std::vector<st
     }
   };
   const auto start = steady::now();
+  const double cpu_start = cpu_seconds();
   for (int i = 0; i < inflight; ++i) starter::next(&st);
   st.done.get_future().wait();
   const double seconds = std::chrono::duration<double>(steady::now() - start).count();
+  const double cpu = cpu_seconds() - cpu_start;
   std::sort(st.latency_ns.begin(), st.latency_ns.end());
   run_result out;
   out.per_second = static_cast<double>(total) / seconds;
+  out.cpu_us = cpu * 1e6 / static_cast<double>(total);
   out.p50_us = static_cast<double>(st.latency_ns[st.latency_ns.size() / 2]) / 1000.0;
   out.p99_us = static_cast<double>(st.latency_ns[st.latency_ns.size() * 99 / 100]) / 1000.0;
   out.failed = st.failed.load();
@@ -146,7 +163,13 @@ int main(int argc, char** argv) {
     std::string_view a = argv[i];
     if (a == "--address")
       o.address = argv[i + 1];
-    else if (a == "--inflight")
+    else if (a == "--cluster") {
+      for (std::string_view rest = argv[i + 1]; !rest.empty();) {
+        const auto comma = rest.find(',');
+        o.cluster.emplace_back(rest.substr(0, comma));
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      }
+    } else if (a == "--inflight")
       o.inflight = std::atoi(argv[i + 1]);
     else if (a == "--keys")
       o.keys = std::atoi(argv[i + 1]);
@@ -161,13 +184,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "need inflight >= 1, keys >= 1, checks >= keys\n");
     return 2;
   }
-  const auto colon = o.address.rfind(':');
-  redisContext* admin = redisConnect(o.address.substr(0, colon).c_str(), std::atoi(o.address.c_str() + colon + 1));
-  if (admin == nullptr || admin->err) {
-    std::fprintf(stderr, "cannot connect to %s\n", o.address.c_str());
-    return 1;
+  // One admin connection per server (on a cluster: per master), for INFO, FLUSHALL, RESETSTAT.
+  std::vector<redisContext*> admins;
+  for (const std::string& a : o.cluster.empty() ? std::vector<std::string>{o.address} : o.cluster) {
+    const auto colon = a.rfind(':');
+    redisContext* c = redisConnect(a.substr(0, colon).c_str(), std::atoi(a.c_str() + colon + 1));
+    if (c == nullptr || c->err) {
+      std::fprintf(stderr, "cannot connect to %s\n", a.c_str());
+      return 1;
+    }
+    admins.push_back(c);
   }
-  auto backend = sluice::make_redis_backend({.addresses = {o.address}, .command_timeout = 1s});
+  const sluice::redis_options ro{.addresses = o.cluster.empty() ? std::vector<std::string>{o.address} : o.cluster,
+                                 .command_timeout = 1s};
+  auto backend = o.cluster.empty() ? sluice::make_redis_backend(ro) : sluice::make_redis_cluster_backend(ro);
   if (!backend) {
     std::fprintf(stderr, "%s\n", backend.error().message.c_str());
     return 1;
@@ -194,21 +224,28 @@ int main(int argc, char** argv) {
   };
   const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
                           "dual_layer (2 logs)"};
-  std::printf("%-24s %12s %10s %10s %14s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us", "usec_per_call",
-              "bytes/key", "failed");
+  std::printf("%-24s %12s %10s %10s %12s %18s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us", "client cpu us",
+              "usec_per_call", "bytes/key", "failed");
   for (std::size_t n = 0; n < std::size(rules); ++n) {
     const sluice::rule& r = rules[n];
-    simple(admin, "FLUSHALL");
-    const long long before = used_memory(admin);
+    long long before = 0, after = 0;
+    for (redisContext* c : admins) simple(c, "FLUSHALL");
+    for (redisContext* c : admins) before += used_memory(c);
     drive(**backend, r, keys, tenants, static_cast<long>(keys.size()), o.inflight);  // one check per key
-    const long long after = used_memory(admin);
-    simple(admin, "CONFIG RESETSTAT");
+    for (redisContext* c : admins) after += used_memory(c);
+    for (redisContext* c : admins) simple(c, "CONFIG RESETSTAT");
     run_result res = drive(**backend, r, keys, tenants, o.checks, o.inflight);
-    const double usec = evalsha_usec_per_call(admin);
-    std::printf("%-24s %12.0f %10.0f %10.0f %14.2f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us, res.p99_us,
-                usec, static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
+    std::string usec;
+    for (redisContext* c : admins) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%s%.2f", usec.empty() ? "" : "/", evalsha_usec_per_call(c));
+      usec += buf;
+    }
+    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
+                res.p99_us, res.cpu_us, usec.c_str(),
+                static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
     std::fflush(stdout);
   }
-  redisFree(admin);
+  for (redisContext* c : admins) redisFree(c);
   return 0;
 }
