@@ -57,6 +57,7 @@ namespace sluice {
 struct redis_backend_stats {
   std::uint64_t checks = 0;           ///< Checks accepted (valid requests).
   std::uint64_t redis_decisions = 0;  ///< Checks Redis decided.
+  std::uint64_t calls = 0;            ///< Script calls sent (a batch of checks is one).
   std::uint64_t timeouts = 0;         ///< Checks that got no answer within command_timeout.
   std::uint64_t unavailable = 0;      ///< Checks failed because the connection was down or the circuit open.
   std::uint64_t protocol_errors = 0;  ///< Error replies or malformed replies.

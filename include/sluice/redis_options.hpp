@@ -45,6 +45,11 @@ struct redis_options {
   /// Most checks waiting on Redis at once; beyond it a check fails at once (errc::backend_overloaded)
   /// and follows `on_error`. Default: 10,000.
   std::size_t max_pending = 10'000;
+  /// Most checks sent as one script call. While a connection has calls in flight, the checks that
+  /// arrive meanwhile go together in one call of the batch script, decided in order (each as it
+  /// would be alone at the same instant); a check on an idle connection goes at once, alone. 1: never
+  /// batch. Default: 64.
+  std::size_t max_batch = 64;
   /// Consecutive failures (timeouts, lost connection) that open the circuit: checks then follow
   /// `on_error` at once instead of waiting for the timeout. Default: 5.
   int breaker_failure_threshold = 5;

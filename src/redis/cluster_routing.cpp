@@ -62,10 +62,10 @@ void redis_core::await_map(const op_ptr& o) {
 void redis_core::request_refresh() { schedule_refresh(steady::duration::zero()); }
 
 // Always through the timer, never at once: callers may be inside a connection's callbacks.
-void redis_core::schedule_refresh(steady::duration after) {
+void redis_core::schedule_refresh(steady::duration after, bool replace) {
   if (stopping_ || !cluster_) return;
   const auto at = std::max(steady::now() + after, refresh_started_ + min_refresh_gap);
-  if (refresh_armed_ && refresh_due_ <= at) return;
+  if (refresh_armed_ && refresh_due_ <= at && !replace) return;
   refresh_armed_ = true;
   refresh_due_ = at;
   const std::uint64_t generation = ++refresh_timer_generation_;
@@ -81,7 +81,11 @@ void redis_core::schedule_refresh(steady::duration after) {
 void redis_core::start_refresh() {
   if (stopping_) return;
   const auto now = steady::now();
-  if (refreshing_ && now - refresh_started_ < options_.connect_timeout) return;  // one query at a time
+  if (refreshing_ && now - refresh_started_ < options_.connect_timeout) {
+    // One query at a time; one that never answers is given up after connect_timeout.
+    schedule_refresh(refresh_started_ + options_.connect_timeout - now);
+    return;
+  }
   // A master that answers, in turn; else any node that answers (a seed).
   node* asked = nullptr;
   std::vector<node*> candidates;
@@ -110,6 +114,7 @@ void redis_core::start_refresh() {
   refresh_started_ = now;
   ++refresh_generation_;
   send_topology_query(*asked, true);
+  schedule_refresh(options_.connect_timeout);  // a query never answered is not the last one
 }
 
 namespace {
@@ -146,6 +151,14 @@ void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::u
     owners = error(errc::backend_protocol, "CLUSTER SLOTS: " + std::string(reply->str, std::min<std::size_t>(reply->len, 200)));
   } else if (shards) {
     owners = parse_cluster_shards(*reply, host_of(n.address));
+    const auto covered = [](const std::vector<slot_owner>& v) {
+      std::size_t c = 0;
+      for (const auto& o : v) c += static_cast<std::size_t>(o.last - o.first) + 1;
+      return c;
+    };
+    // Slots CLUSTER SHARDS leaves without a master (a shard listing its failed old master's empty
+    // slots, Redis 7.2): CLUSTER SLOTS may know them.
+    if (owners && covered(*owners) < slot_count) return send_topology_query(n, false);
   } else {
     owners = parse_cluster_slots(*reply, host_of(n.address));
   }
@@ -176,7 +189,8 @@ void redis_core::finish_refresh(bool updated) {
       dispatch(o);
     }
   }
-  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval);
+  // The next one, in place of the query's own time limit.
+  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
 }
 
 void redis_core::apply_map(const std::vector<slot_owner>& owners) {
@@ -209,7 +223,7 @@ void redis_core::retire_idle_nodes() {
   if (stopping_) return;
   for (auto it = nodes_.begin(); it != nodes_.end();) {
     node& n = *it->second;
-    if (n.serves || n.in_flight > 0 || !n.unsent.empty()) {
+    if (n.serves || n.in_flight > 0 || !n.unsent.empty() || !n.batch.empty()) {
       ++it;
       continue;
     }

@@ -52,21 +52,24 @@ result<std::vector<slot_owner>> finish(std::vector<slot_owner> owners) {
   return owners;
 }
 
+// A CLUSTER SHARDS node's host: its endpoint; an empty endpoint is the replying node's ("the one you
+// asked"), "?" an unknown one (then its ip, if any).
 std::optional<std::string> host_of_node(const redisReply& n, std::string_view replying_host, long long* port) {
   const redisReply* p = field(n, "port");
   const std::optional<long long> pv = p ? number(*p) : std::nullopt;
   if (!pv || *pv < 1 || *pv > 65535) return std::nullopt;
   *port = *pv;
   std::string_view host = text_field(n, "endpoint");
+  if (host.empty() && field(n, "endpoint") != nullptr) host = replying_host;
   if (host.empty() || host == "?") host = text_field(n, "ip");
-  if (host.size() > 255) return std::nullopt;
-  return std::string(host.empty() || host == "?" ? replying_host : host);
+  if (host.empty() || host == "?" || host.size() > 255) return std::nullopt;
+  return std::string(host);
 }
 
 }  // namespace
 
 std::string node_address(std::string_view host, long long port, std::string_view replying_host) {
-  if (host.empty() || host == "?") host = replying_host;
+  if (host.empty()) host = replying_host;
   std::string a;
   if (host.find(':') != std::string_view::npos) {
     a += '[';
@@ -92,14 +95,22 @@ result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::s
       return bad("a shard without well-formed slots and nodes");
     }
     if (slots->elements == 0) continue;
+    // The shard's master: after a failover a failed old master may still be listed as one (Redis
+    // 7.2), so one whose health is online comes first, then any not failed.
     std::optional<std::string> master;
-    for (std::size_t n = 0; n < nodes->elements && !master; ++n) {
+    int best = 0;  // 2: online, 1: not failed
+    for (std::size_t n = 0; n < nodes->elements; ++n) {
       const redisReply& node = *nodes->element[n];
       if (text_field(node, "role") != "master") continue;
+      const std::string_view health = text_field(node, "health");
+      const int rank = health == "online" ? 2 : health == "failed" ? 0 : 1;
+      if (rank <= best && master) continue;
+      if (rank == 0) continue;
       long long port = 0;
       auto host = host_of_node(node, replying_host, &port);
       if (!host) return bad("a master without a usable address and port");
       master = node_address(*host, port, replying_host);
+      best = rank;
     }
     if (!master) continue;  // no master now (a failover under way): its slots stay unknown
     for (std::size_t i = 0; i < slots->elements; i += 2) {
@@ -108,6 +119,7 @@ result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::s
       if (!first || !last || !valid_slot(*first) || !valid_slot(*last) || *first > *last) {
         return bad("a slot range out of 0..16383");
       }
+      if (owners.size() >= slot_count) return bad("more slot ranges than slots");
       owners.push_back({static_cast<std::uint16_t>(*first), static_cast<std::uint16_t>(*last), *master});
     }
   }
@@ -130,6 +142,8 @@ result<std::vector<slot_owner>> parse_cluster_slots(const redisReply& r, std::st
     const auto port = number(*master.element[1]);
     const std::string_view host = master.element[0]->type == REDIS_REPLY_NIL ? "" : text(*master.element[0]);
     if (!port || *port < 1 || *port > 65535 || host.size() > 255) return bad("a master without a usable address");
+    if (host == "?") continue;  // an unknown endpoint: its slots stay unknown
+    if (owners.size() >= slot_count) return bad("more slot ranges than slots");
     owners.push_back({static_cast<std::uint16_t>(*first), static_cast<std::uint16_t>(*last),
                       node_address(host, *port, replying_host)});
   }
@@ -167,7 +181,7 @@ std::optional<redirection> parse_redirection(std::string_view m, std::string_vie
   auto [e2, ec2] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
   if (ec1 != std::errc() || e1 != slot_text.data() + slot_text.size() || !valid_slot(slot)) return std::nullopt;
   if (ec2 != std::errc() || e2 != port_text.data() + port_text.size() || port < 1 || port > 65535) return std::nullopt;
-  if (host.size() > 255 || host.find_first_of(" \r\n") != std::string_view::npos) return std::nullopt;
+  if (host == "?" || host.size() > 255 || host.find_first_of(" \r\n") != std::string_view::npos) return std::nullopt;
   return redirection{static_cast<std::uint16_t>(slot), node_address(host, port, replying_host)};
 }
 

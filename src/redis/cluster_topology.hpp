@@ -5,7 +5,8 @@
 //     SHARDS (Redis 7; 7.0.x may send slot numbers as strings) or CLUSTER SLOTS (older servers);
 //   - classify_error and parse_redirection: what an error reply asks of the client (MOVED, ASK,
 //     TRYAGAIN, CLUSTERDOWN, READONLY, NOSCRIPT, OOM).
-// An address a node leaves empty ("" or "?": "the one you asked") is the replying node's host.
+// An address a node leaves empty ("the one you asked") is the replying node's host; "?" (unknown) is
+// no address: CLUSTER SHARDS then falls back to the node's ip, elsewhere its slots stay unknown.
 //
 //   auto owners = sluice::detail::parse_cluster_shards(*reply, "10.0.0.5");
 //   for (const auto& o : *owners) ...  // {first, last, "10.0.0.7:6379"}
@@ -36,7 +37,9 @@ struct slot_owner {
 
 /// The masters of CLUSTER SHARDS's reply, sorted by first slot. Errors (errc::backend_protocol): not
 /// the reply's shape, a slot out of 0..16383 or a range backwards, ranges that overlap, a master with
-/// slots but no usable address. Shards without slots, or without a master, are left out.
+/// slots but no usable address, more ranges than slots. Shards without slots, or without a master
+/// that has not failed, are left out; of several masters in a shard (a failed one is still listed
+/// after a failover), one whose health is online is taken.
 result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::string_view replying_host);
 
 /// The same from CLUSTER SLOTS's reply: [first, last, [host, port, ...], replicas...] per range.
@@ -66,7 +69,7 @@ struct redirection {
 /// message is neither or is malformed (a slot out of range, no port).
 std::optional<redirection> parse_redirection(std::string_view message, std::string_view replying_host);
 
-/// "host:port", with an IPv6 host in brackets and an empty or "?" host replaced by `replying_host`.
+/// "host:port", with an IPv6 host in brackets and an empty host replaced by `replying_host`.
 std::string node_address(std::string_view host, long long port, std::string_view replying_host);
 
 }  // namespace sluice::detail

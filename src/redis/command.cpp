@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <limits>
+#include <optional>
 
 #include "redis/exactness.hpp"
 #include "redis/keys.hpp"
@@ -74,6 +75,9 @@ nanoseconds from_us(long long us) {
   return nanoseconds(us * 1000);
 }
 
+// The values a check's layers reply with: four per layer.
+std::size_t values_of(const prepared_script& p) { return p.dual ? 8 : 4; }
+
 bool integers(const redisReply& r, std::size_t n, long long* out) {
   if (r.type != REDIS_REPLY_ARRAY || r.elements != n) return false;
   for (std::size_t i = 0; i < n; ++i) {
@@ -123,6 +127,7 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   bulk(c, "EVALSHA");
   bulk(c, scripts()[p.script].sha1);
   cmd.rest = c.size();
+  cmd.keys_at = c.size() + 7;  // after numkeys, "$1\r\nN\r\n"
   if (p.dual) {
     bulk(c, "2");
     const std::string tenant = tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag);
@@ -135,9 +140,12 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
     cmd.slot = key_slot(key);
     bulk(c, key);
   }
+  cmd.keys_end = c.size();
   bulk(c, now_us);
+  cmd.args_at = c.size();
   bulk(c, req.cost);
   c += p.params;
+  cmd.args_end = c.size();
   c += "$17\r\n";
   cmd.deadline_at = c.size();
   c.append(deadline_width, '0');
@@ -181,21 +189,66 @@ bool is_expired_reply(const redisReply& r) noexcept {
          r.element[0]->integer == -1;
 }
 
+// The decision of one check's values (4 for one layer, 8 for two), or nullopt when an `allowed` is
+// neither 0 nor 1.
+std::optional<decision> decision_of(const prepared_script& p, const long long* v) {
+  if ((v[0] != 0 && v[0] != 1) || (p.dual && v[4] != 0 && v[4] != 1)) return std::nullopt;
+  if (!p.dual) return layer_decision(v, p.limit);
+  return combine_layers(layer_decision(v, p.tenant_limit), layer_decision(v + 4, p.limit));  // as in process
+}
+
 result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
   // Each reply ends with the server time (read by reply_time).
-  if (!p.dual) {
-    long long v[5];
-    if (!integers(r, 5, v) || (v[0] != 0 && v[0] != 1)) {
-      return {errc::backend_protocol, "unexpected reply from the rate-limit script"};
-    }
-    return layer_decision(v, p.limit);
-  }
   long long v[9];
-  if (!integers(r, 9, v) || (v[0] != 0 && v[0] != 1) || (v[4] != 0 && v[4] != 1)) {
-    return {errc::backend_protocol, "unexpected reply from the dual-layer script"};
+  std::optional<decision> d;
+  if (integers(r, values_of(p) + 1, v)) d = decision_of(p, v);
+  if (!d) return {errc::backend_protocol, p.dual ? "unexpected reply from the dual-layer script"
+                                                 : "unexpected reply from the rate-limit script"};
+  return *d;
+}
+
+void batch_builder::add(const command& c, std::size_t kind, int key_count) {
+  if (checks == 0) now.assign(c.text, c.keys_end, c.args_at - c.keys_end);
+  keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
+  bulk(args, static_cast<std::int64_t>(kind));
+  args.append(c.text, c.args_at, c.args_end - c.args_at);
+  numkeys += static_cast<std::size_t>(key_count);
+  argc += 1 + (key_count == 2 ? 7 : 4);  // kind, cost, three parameters per key
+  ++checks;
+}
+
+std::string batch_builder::text(std::int64_t deadline_us) const {
+  std::string out;
+  out.reserve(keys.size() + args.size() + 128);
+  out += '*';
+  out += std::to_string(3 + numkeys + 2 + argc);
+  out += "\r\n";
+  bulk(out, "EVALSHA");
+  bulk(out, scripts()[batch_script].sha1);
+  bulk(out, static_cast<std::int64_t>(numkeys));
+  out += keys;
+  out += now;
+  bulk(out, deadline_us);
+  out += args;
+  return out;
+}
+
+result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
+                                                const redisReply& r) {
+  std::size_t expected = 1;
+  for (const prepared_script* p : checks) expected += values_of(*p);
+  std::vector<long long> v(expected);
+  if (!integers(r, expected, v.data())) return {errc::backend_protocol, "unexpected reply from the batch script"};
+  std::vector<decision> out;
+  out.reserve(checks.size());
+  std::size_t at = 0;
+  for (const prepared_script* p : checks) {
+    auto d = decision_of(*p, v.data() + at);
+    if (!d) return {errc::backend_protocol, "unexpected reply from the batch script"};
+    out.push_back(*d);
+    at += values_of(*p);
   }
-  // The same combination as in process.
-  return combine_layers(layer_decision(v, p.tenant_limit), layer_decision(v + 4, p.limit));
+  return out;
 }
 
 std::int64_t parse_time_reply(const redisReply& r) noexcept {

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sluice/backend.hpp"
 #include "sluice/decision.hpp"
@@ -53,6 +54,10 @@ struct command {
   std::string text;             ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
   std::size_t header = 0;       ///< Length of "*argc CRLF".
   std::size_t rest = 0;         ///< Offset of numkeys: what EVAL shares with EVALSHA.
+  std::size_t keys_at = 0;      ///< Offset of the first key's bulk string; keys_end: past the last.
+  std::size_t keys_end = 0;     ///< Also where `now`'s bulk string starts.
+  std::size_t args_at = 0;      ///< Offset of the cost's bulk string; args_end: past the parameters.
+  std::size_t args_end = 0;
   std::size_t deadline_at = 0;  ///< Offset of the deadline's fixed-width digits (set_deadline).
   std::uint16_t slot = 0;       ///< The Redis Cluster slot of its keys (slot.hpp): they share one.
 };
@@ -70,6 +75,33 @@ void set_deadline(command& c, std::int64_t deadline_us);
 
 /// The call of `c` as EVAL with the script's `body` in place of EVALSHA and its hash.
 std::string eval_command(const command& c, std::string_view body);
+
+/// Many checks as one call of the batch script (scripts.cpp), built from their own commands: their
+/// keys, then the `now` they share, the deadline, and per check its kind (its script's index, see
+/// scripts.hpp), cost and parameters.
+///
+///   batch_builder b;
+///   for (op : waiting) b.add(op.call, op.rule.script, op.rule.dual ? 2 : 1);   // all of one `now`
+///   send(b.text(deadline_us));  ... then parse_batch_reply(their prepared scripts, reply)
+struct batch_builder {
+  std::string keys;  ///< The key bulk strings, in order.
+  std::string args;  ///< Per check: kind, cost, parameters.
+  std::string now;   ///< The `now` bulk string the checks share.
+  std::size_t numkeys = 0;
+  std::size_t argc = 0;  ///< Bulk strings in `args`.
+  std::size_t checks = 0;
+
+  /// Adds `c` (of script `kind`, with `key_count` keys: 1, or 2 for a dual-layer rule). Every check
+  /// added carries the `now` of the first (the real clock's is always -1; a test clock's may differ).
+  void add(const command& c, std::size_t kind, int key_count);
+  /// The EVALSHA of the batch script.
+  std::string text(std::int64_t deadline_us) const;
+};
+
+/// Each check's decision from the batch script's reply, in order. Errors (errc::backend_protocol):
+/// another type or length, a non-integer value, an `allowed` not 0 or 1.
+result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
+                                                const redisReply& r);
 
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.

@@ -21,6 +21,29 @@ struct redis_core::reply_box {
   op_ptr o;
   redis_core* core;
   node* to;
+  bool asking;  // sent after ASKING: a resend to the same node needs it again
+};
+
+namespace {
+
+// Whether two calls carry the same `now` (only those share a batch).
+bool same_now(const command& a, const command& b) {
+  return std::string_view(a.text).substr(a.keys_end, a.args_at - a.keys_end) ==
+         std::string_view(b.text).substr(b.keys_end, b.args_at - b.keys_end);
+}
+
+// The deadline on the node's clock: a call it runs later records nothing (scripts.cpp).
+std::int64_t node_deadline_us(const node& n, steady::time_point deadline, bool test_clock) {
+  if (test_clock) return -1;
+  return n.clock.server_us_at(std::chrono::duration_cast<std::chrono::microseconds>(deadline.time_since_epoch()).count());
+}
+
+}  // namespace
+
+struct redis_core::batch_box {
+  std::vector<op_ptr> ops;
+  redis_core* core;
+  node* to;
 };
 
 redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, asio::io_context& io,
@@ -131,6 +154,7 @@ redis_backend_stats redis_core::stats() const {
   redis_backend_stats s;
   s.checks = checks_.load(std::memory_order_relaxed);
   s.redis_decisions = redis_decisions_.load(std::memory_order_relaxed);
+  s.calls = calls_.load(std::memory_order_relaxed);
   s.timeouts = timeouts_.load(std::memory_order_relaxed);
   s.unavailable = unavailable_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
@@ -184,13 +208,32 @@ void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
     if (cluster_) request_refresh();
     return fail(o, errc::backend_unavailable, "not connected to " + n.address);
   }
-  // The deadline on this node's clock: a call it runs later records nothing (scripts.cpp).
-  const std::int64_t deadline_us =
-      options_.clock_for_test
-          ? -1
-          : n.clock.server_us_at(std::chrono::duration_cast<std::chrono::microseconds>(o->deadline.time_since_epoch())
-                                     .count());
-  set_deadline(o->call, deadline_us);
+  if (!options_.clock_for_test && n.clock.offset_us() == server_clock::unknown) {
+    // A new node: sent once its handshake has read its clock, so that it carries a deadline.
+    n.unsent.emplace_back(o, asking);
+    return;
+  }
+  if (!asking && !o->alone && options_.max_batch > 1 && n.in_flight > 0) {
+    // Calls are in flight: this check waits for the ones arriving meanwhile, to go with them in one
+    // call of the batch script, flushed once the handlers queued now have run (no timer). Only
+    // checks of one `now` share a call (a test clock's may differ).
+    if (!n.batch.empty() && !same_now(n.batch.front()->call, o->call)) flush_batch(n);
+    n.batch.push_back(o);
+    if (n.batch.size() >= options_.max_batch) return flush_batch(n);
+    if (!n.flush_posted) {
+      n.flush_posted = true;
+      asio::post(strand_, [self = shared_from_this(), held = n.shared_from_this()] {
+        held->flush_posted = false;
+        if (!self->stopping_) self->flush_batch(*held);
+      });
+    }
+    return;
+  }
+  send_one(n, o, asking);
+}
+
+void redis_core::send_one(node& n, const op_ptr& o, bool asking) {
+  set_deadline(o->call, node_deadline_us(n, o->deadline, options_.clock_for_test != nullptr));
   std::string eval;
   const std::string* text = &o->call.text;
   if (o->eval) {
@@ -202,16 +245,114 @@ void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
   if (asking && !n.conn->send(asking_command, nullptr, nullptr)) {
     return fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
   }
-  auto* box = new reply_box{o, this, &n};
+  auto* box = new reply_box{o, this, &n, asking};
   if (!n.conn->send(*text, &redis_core::on_reply, box)) {
     delete box;
     return fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
   }
   ++n.in_flight;
+  calls_.fetch_add(1, std::memory_order_relaxed);
   o->sent_to = &n;
 }
 
-// Checks that waited for the host name to resolve go right behind the new connection's handshake.
+void redis_core::flush_batch(node& n) {
+  std::vector<op_ptr> ops = std::move(n.batch);
+  n.batch.clear();
+  std::erase_if(ops, [](const op_ptr& o) { return o->done; });
+  if (ops.empty()) return;
+  if (!n.conn->open()) {
+    for (auto& o : ops) fail(o, errc::backend_unavailable, "not connected to " + n.address);
+    return;
+  }
+  if (ops.size() == 1) return send_one(n, ops.front(), false);
+  batch_builder b;
+  steady::time_point deadline = ops.front()->deadline;
+  for (const auto& o : ops) {
+    b.add(o->call, o->rule->call.script, o->rule->call.dual ? 2 : 1);
+    deadline = std::min(deadline, o->deadline);
+  }
+  const std::string text = b.text(node_deadline_us(n, deadline, options_.clock_for_test != nullptr));
+  auto* box = new batch_box{ops, this, &n};
+  if (!n.conn->send(text, &redis_core::on_batch_reply, box)) {
+    delete box;
+    for (auto& o : ops) fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
+    return;
+  }
+  ++n.in_flight;
+  calls_.fetch_add(1, std::memory_order_relaxed);
+  for (auto& o : ops) o->sent_to = &n;
+}
+
+void redis_core::on_batch_reply(redisAsyncContext*, void* reply, void* privdata) {
+  std::unique_ptr<batch_box> box(static_cast<batch_box*>(privdata));
+  node& n = *box->to;
+  --n.in_flight;
+  for (auto& o : box->ops) {
+    if (o->sent_to == &n) o->sent_to = nullptr;
+  }
+  box->core->handle_batch_reply(box->ops, n, static_cast<redisReply*>(reply));
+}
+
+// Checks that timed out meanwhile (done) keep their places in the reply, and are skipped.
+void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisReply* reply) {
+  if (reply == nullptr) {
+    // The script may have run: none of them is sent again.
+    for (auto& o : ops) fail(o, errc::backend_unavailable, "connection to " + n.address + " lost");
+    return;
+  }
+  n.circuit.succeeded();
+  if (reply->type == REDIS_REPLY_ERROR) {
+    const std::string_view msg(reply->str, reply->len);
+    const reply_error kind = classify_error(msg);
+    if (kind == reply_error::oom) set_out_of_memory(n, true);
+    if (kind != reply_error::oom && (kind != reply_error::other || msg.starts_with("CROSSSLOT"))) {
+      // The script did not run (a redirection, a migration, a node without it, keys over several
+      // nodes' slots): each check goes again, alone, and takes its own way. A node that forgot the
+      // batch script learns it again for the next batches.
+      if (kind == reply_error::noscript && n.conn->open()) {
+        static const std::string load = [] {
+          const std::string& body = scripts()[batch_script].body;
+          return "*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n$" + std::to_string(body.size()) + "\r\n" + body + "\r\n";
+        }();
+        n.conn->send(load, nullptr, nullptr);
+        script_reloads_.fetch_add(1, std::memory_order_relaxed);
+      }
+      for (auto& o : ops) {
+        o->alone = true;
+        dispatch(o);
+      }
+      return;
+    }
+    for (auto& o : ops) {
+      fail(o, errc::backend_protocol, "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200)));
+    }
+    return;
+  }
+  set_out_of_memory(n, false);
+  if (std::int64_t t = reply_time(*reply); t >= 0) n.clock.observe(t, server_clock::local_now_us());
+  if (is_expired_reply(*reply)) {
+    for (auto& o : ops) fail(o, errc::backend_timeout, "the checks reached Redis after their deadline; nothing was recorded");
+    return;
+  }
+  std::vector<const prepared_script*> calls;
+  calls.reserve(ops.size());
+  for (const auto& o : ops) calls.push_back(&o->rule->call);
+  auto decisions = parse_batch_reply(calls, *reply);
+  if (!decisions) {
+    for (auto& o : ops) fail(o, errc::backend_protocol, decisions.error().message);
+    return;
+  }
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i]->done) continue;
+    redis_decisions_.fetch_add(1, std::memory_order_relaxed);
+    complete(ops[i], (*decisions)[i]);
+  }
+  trim_inflight();
+}
+
+// Checks that waited for the host name to resolve go right behind the new connection's handshake;
+// those that waited for the node's clock, once its handshake has read it (send_to keeps them
+// waiting until then).
 void redis_core::send_unsent(node& n) {
   auto waiting = std::move(n.unsent);
   n.unsent.clear();
@@ -225,13 +366,14 @@ void redis_core::on_reply(redisAsyncContext*, void* reply, void* privdata) {
   op_ptr o = std::move(box->o);
   redis_core* self = box->core;
   node& n = *box->to;
+  const bool asking = box->asking;
   delete box;
   --n.in_flight;
   if (o->sent_to == &n) o->sent_to = nullptr;
-  self->handle_reply(o, n, static_cast<redisReply*>(reply));
+  self->handle_reply(o, n, static_cast<redisReply*>(reply), asking);
 }
 
-void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply) {
+void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking) {
   if (o->done) return;  // timed out already
   if (reply == nullptr) {
     // The connection is going away; its loss is handled (and counted for the breaker) once. The
@@ -241,7 +383,7 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply) {
   n.circuit.succeeded();  // the node answered: its connection is healthy
   if (reply->type == REDIS_REPLY_ERROR) {
     const std::string_view msg(reply->str, reply->len);
-    if (redirect(o, n, msg)) return;
+    if (redirect(o, n, msg, asking)) return;
     if (classify_error(msg) == reply_error::oom) set_out_of_memory(n, true);
     return fail(o, errc::backend_protocol, "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200)));
   }
@@ -259,14 +401,14 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply) {
 
 // The error replies that say the script did not run and where (or when) to send it: true when the
 // check was sent on (or waits to be).
-bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg) {
+bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg, bool asking) {
   const reply_error kind = classify_error(msg);
   if (kind == reply_error::noscript) {
     // The node forgot the script (SCRIPT FLUSH, restart, a new node): send its body; EVAL caches it.
     if (o->eval || !n.conn->open()) return false;
     o->eval = true;
     script_reloads_.fetch_add(1, std::memory_order_relaxed);
-    send_to(n, o, false);
+    send_to(n, o, asking);
     return true;
   }
   if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
@@ -416,6 +558,7 @@ void redis_core::expire_due() {
     tripped.push_back(n);
   }
   for (const auto& o : expired) fail(o, errc::backend_timeout, "no reply within command_timeout");
+  std::erase_if(awaiting_map_, [](const op_ptr& o) { return o->done; });
   for (node* n : tripped) {
     if (n->conn->open()) n->conn->drop(std::to_string(n->circuit.consecutive_failures()) + " consecutive failures");
   }
@@ -434,7 +577,11 @@ node_ptr redis_core::make_node(const endpoint& where) {
       connection::events{.opened = [this, raw] { send_unsent(*raw); },
                          .ready = [this, raw] { on_node_ready(*raw); },
                          .lost = [this, raw](const std::string& why) { on_node_lost(*raw, why); },
-                         .server_time = [raw](std::int64_t us) { raw->clock.observe(us, server_clock::local_now_us()); }});
+                         .server_time =
+                             [this, raw](std::int64_t us) {
+                               raw->clock.observe(us, server_clock::local_now_us());
+                               send_unsent(*raw);  // what waited for the clock
+                             }});
   n->address = n->conn->address();  // cluster nodes: replaced by the map's spelling
   return n;
 }
@@ -445,9 +592,17 @@ void redis_core::close_node(node& n) {
   n.circuit.stop();
   n.oom_probe_timer.cancel();
   n.conn->close();
-  auto waiting = std::move(n.unsent);
+  fail_waiting(n, errc::backend_unavailable, "connection to " + n.address + " closed");
+}
+
+// What waits on the node without having been sent: for its host name, or for its batch's flush.
+void redis_core::fail_waiting(node& n, errc code, const std::string& why) {
+  auto unsent = std::move(n.unsent);
   n.unsent.clear();
-  for (auto& [o, asking] : waiting) fail(o, errc::backend_unavailable, "connection to " + n.address + " closed");
+  for (auto& [o, asking] : unsent) fail(o, code, why);
+  auto batch = std::move(n.batch);
+  n.batch.clear();
+  for (auto& o : batch) fail(o, code, why);
 }
 
 void redis_core::on_node_ready(node& n) {
@@ -464,9 +619,7 @@ void redis_core::on_node_ready(node& n) {
 
 // The connection is gone (or never came): fail fast until a probe reconnects.
 void redis_core::on_node_lost(node& n, const std::string& why) {
-  auto waiting = std::move(n.unsent);
-  n.unsent.clear();
-  for (auto& [o, asking] : waiting) fail(o, errc::backend_unavailable, why);
+  fail_waiting(n, errc::backend_unavailable, why);
   n.ready = false;
   if (stopping_) return;
   if (std::uint64_t count = log_.occurred()) {
@@ -523,7 +676,10 @@ void redis_core::schedule_oom_probe(const node_ptr& n) {
       if (r == nullptr || !b->n->conn->is_current(ac)) return;
       if (r->type != REDIS_REPLY_ERROR) b->core->set_out_of_memory(*b->n, false);
     };
-    if (!n->conn->send(oom_probe_command(), on_probe, box)) delete box;
+    if (!n->conn->send(oom_probe_command(), on_probe, box)) {
+      delete box;  // no connection (closed, or lost: its reconnection's replies will tell)
+      return;
+    }
     self->schedule_oom_probe(n);
   }));
 }

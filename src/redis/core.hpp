@@ -67,7 +67,8 @@ struct op {
   int redirects = 0;        // MOVED, ASK, READONLY so far (at most max_redirects)
   int retries = 0;          // TRYAGAIN, CLUSTERDOWN so far (as many as its deadline allows)
   bool done = false;
-  bool eval = false;  // sent as EVAL since a node said NOSCRIPT
+  bool eval = false;   // sent as EVAL since a node said NOSCRIPT
+  bool alone = false;  // never batched again: its batch was refused whole (a redirection)
 };
 
 using op_ptr = std::shared_ptr<op>;
@@ -81,7 +82,9 @@ struct node : std::enable_shared_from_this<node> {
   breaker circuit;
   server_clock clock;  // observed from its replies; sets the deadline of what is sent to it
   asio::steady_timer oom_probe_timer;
-  std::vector<std::pair<op_ptr, bool>> unsent;  // waiting for the host name to resolve; bool: ASKING first
+  std::vector<std::pair<op_ptr, bool>> unsent;  // waiting for the host name or the clock; bool: ASKING first
+  std::vector<op_ptr> batch;                    // waiting for the flush posted while commands are in flight
+  bool flush_posted = false;
   std::size_t in_flight = 0;                    // commands sent whose callback has not run
   bool ready = false;                           // the handshake was answered
   bool out_of_memory = false;                   // it refuses scripts over maxmemory
@@ -120,16 +123,22 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
  private:
   struct reply_box;  // what a command sent on a connection carries to its callback
+  struct batch_box;  // the same for a batch of checks
 
   // --- the check's path (core.cpp) ---------------------------------------------------------------
   static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
   void submit(op_ptr o);
   void dispatch(const op_ptr& o);
   void send_to(node& n, const op_ptr& o, bool asking);
+  void send_one(node& n, const op_ptr& o, bool asking);
+  void flush_batch(node& n);
+  static void on_batch_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  void handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisReply* reply);
+  void fail_waiting(node& n, errc code, const std::string& why);
   void send_unsent(node& n);
   static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
-  void handle_reply(const op_ptr& o, node& n, redisReply* reply);
-  bool redirect(const op_ptr& o, node& n, std::string_view message);
+  void handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking);
+  bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
   void complete(const op_ptr& o, result<decision> r);
   void fail(const op_ptr& o, errc code, std::string_view why);
@@ -153,7 +162,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   node* node_at(const std::string& address);
   void await_map(const op_ptr& o);
   void request_refresh();
-  void schedule_refresh(steady::duration after);
+  void schedule_refresh(steady::duration after, bool replace = false);
   void start_refresh();
   void send_topology_query(node& n, bool shards);
   static void on_topology_reply(redisAsyncContext* ac, void* reply, void* privdata);
@@ -199,7 +208,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   std::atomic<int> open_circuits_{0};
   std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},
       overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, script_reloads_{0}, connects_{0},
-      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0};
+      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0}, calls_{0};
 };
 
 }  // namespace sluice::detail

@@ -73,6 +73,7 @@ class redis_backend_impl final : public redis_backend {
     };
     metric("sluice_redis_checks_total", "counter", "Valid checks sent to the Redis backend.", st.checks);
     metric("sluice_redis_decisions_total", "counter", "Checks Redis decided.", st.redis_decisions);
+    metric("sluice_redis_calls_total", "counter", "Script calls sent to Redis (a batch of checks is one).", st.calls);
     metric("sluice_redis_timeouts_total", "counter", "Checks with no Redis answer within timeout_ms.", st.timeouts);
     metric("sluice_redis_unavailable_total", "counter", "Checks failed: connection down or circuit open.",
            st.unavailable);
@@ -130,6 +131,7 @@ result<std::vector<detail::endpoint>> validate_options(const redis_options& o, b
   if (o.command_timeout <= std::chrono::milliseconds::zero())
     return {errc::invalid_argument, "redis command_timeout must be > 0"};
   if (o.max_pending == 0) return {errc::invalid_argument, "redis max_pending must be > 0"};
+  if (o.max_batch < 1 || o.max_batch > 1000) return {errc::invalid_argument, "redis max_batch must be 1..1000"};
   if (o.breaker_failure_threshold < 1) return {errc::invalid_argument, "redis breaker_failure_threshold must be >= 1"};
   if (o.breaker_probe_interval <= std::chrono::milliseconds::zero()) {
     return {errc::invalid_argument, "redis breaker_probe_interval must be > 0"};

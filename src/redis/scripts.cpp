@@ -224,21 +224,69 @@ constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"l
 // Each layer reports as it stands after the check, as in process (check_dual_layer): whether it
 // would admit, and a layer that would have admitted but recorded nothing its unchanged state (+ cost).
 // The caller combines the two (combine_layers).
+constexpr std::string_view dual_lua = R"lua(
+local function dual(tf, uf, tk, uk, cost, t1, t2, t3, u1, u2, u3)
+  local ta, tr, tw, tz = tf(tk, cost, t1, t2, t3, false)
+  if ta == 0 then
+    local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, false)
+    if ua == 1 then ur = ur + cost end
+    return 0, tr, tw, tz, ua, ur, uw, uz
+  end
+  local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, true)
+  if ua == 0 then
+    return 1, tr + cost, tw, tz, 0, ur, uw, uz
+  end
+  ta, tr, tw, tz = tf(tk, cost, t1, t2, t3, true)
+  return 1, tr, tw, tz, 1, ur, uw, uz
+end
+)lua";
+
 constexpr std::string_view dual_main = R"lua(
 local t1, t2, t3 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local u1, u2, u3 = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, false)
-if ta == 0 then
-  local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, false)
-  if ua == 1 then ur = ur + cost end
-  return {0, tr, tw, tz, ua, ur, uw, uz, now}
+local out = {dual(tf, uf, KEYS[1], KEYS[2], cost, t1, t2, t3, u1, u2, u3)}
+out[9] = now
+return out
+)lua";
+
+// Many checks in one call, decided in order as if each came alone at the same µs: one TIME, one
+// deadline for all. ARGV[1] = now, ARGV[2] = deadline, then per check its kind (an algorithm's index
+// for one key; 4 + tenant index × 4 + user index for a dual-layer pair of keys), its cost and its
+// parameters (three per key); KEYS hold their keys in the same order. The reply is each check's
+// values as its own script returns them, without `now`, one after another, then `now`. The keys may
+// lie in several slots of one cluster node (allow-cross-slot-keys); a dual-layer check's two share one.
+constexpr std::string_view batch_prelude = R"lua(#!lua flags=allow-cross-slot-keys
+local now = tonumber(ARGV[1])
+if now < 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local ua, ur, uw, uz = uf(KEYS[2], cost, u1, u2, u3, true)
-if ua == 0 then
-  return {1, tr + cost, tw, tz, 0, ur, uw, uz, now}
+local deadline = tonumber(ARGV[2])
+if deadline >= 0 and now > deadline then
+  return {-1, now}
 end
-ta, tr, tw, tz = tf(KEYS[1], cost, t1, t2, t3, true)
-return {1, tr, tw, tz, 1, ur, uw, uz, now}
+)lua";
+
+constexpr std::string_view batch_main = R"lua(
+local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}
+local out, n, k, a = {}, 0, 1, 3
+while a <= #ARGV do
+  local kind, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  local p1, p2, p3 = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  if kind < 4 then
+    local al, r, w, z = fs[kind + 1](KEYS[k], cost, p1, p2, p3, true)
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = al, r, w, z
+    n, k, a = n + 4, k + 1, a + 5
+  else
+    local tf, uf = fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1]
+    local u1, u2, u3 = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
+      dual(tf, uf, KEYS[k], KEYS[k + 1], cost, p1, p2, p3, u1, u2, u3)
+    n, k, a = n + 8, k + 2, a + 8
+  end
+end
+out[n + 1] = now
+return out
 )lua";
 
 constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,
@@ -287,11 +335,20 @@ std::string dual(const algorithm_lua& tenant, const algorithm_lua& user) {
   std::string body(prelude);
   body += as_function(tenant);
   if (&tenant != &user) body += as_function(user);
+  body += dual_lua;
   body += "local tf, uf = ";
   body += tenant.name;
   body += ", ";
   body += user.name;
   body += dual_main;
+  return body;
+}
+
+std::string batch() {
+  std::string body(batch_prelude);
+  for (const algorithm_lua* a : algorithms) body += as_function(*a);
+  body += dual_lua;
+  body += batch_main;
   return body;
 }
 
@@ -323,6 +380,7 @@ const std::array<script, script_count>& scripts() {
                  dual(*algorithms[a], *algorithms[b]));
       }
     }
+    out[batch_script] = make("batch", batch());
     return out;
   }();
   return all;

@@ -12,6 +12,7 @@
 // each layer's figures as it stands after the check:
 // {tenant allowed, remaining, retry µs, reset µs, user allowed, remaining, retry µs, reset µs};
 // the check is admitted when both layers admit (see combine_layers). A retry_after of -1 means "never".
+// The batch script decides many checks of any rules in one call (its layout in scripts.cpp).
 //
 // Thread-safe: constants.
 #pragma once
@@ -26,8 +27,10 @@
 namespace sluice::detail {
 
 inline constexpr std::size_t algorithm_count = 4;
-/// 4 single-layer scripts, then 16 dual-layer ones.
-inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count;
+/// 4 single-layer scripts, 16 dual-layer ones, then the batch script.
+inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count + 1;
+/// The script that decides many checks in one call.
+inline constexpr std::size_t batch_script = script_count - 1;
 
 struct script {
   std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".

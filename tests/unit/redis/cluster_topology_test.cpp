@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "redis/slot.hpp"
 #include "unit/redis/reply_builder.hpp"
 
@@ -29,11 +31,12 @@ TEST(KeySlot, KnownValues) {
 class Topology : public ::testing::Test {
  protected:
   // One CLUSTER SHARDS node: [name, value, ...].
-  redisReply* shard_node(std::string ip, long long port, std::string role, std::string endpoint = "") {
+  redisReply* shard_node(std::string ip, long long port, std::string role,
+                         std::optional<std::string> endpoint = std::nullopt, std::string health = "online") {
     std::vector<redisReply*> f = {r.string("id"), r.string("abc"), r.string("port"), r.integer(port), r.string("ip"),
                                   r.string(std::move(ip))};
-    if (!endpoint.empty()) f.insert(f.end(), {r.string("endpoint"), r.string(std::move(endpoint))});
-    f.insert(f.end(), {r.string("role"), r.string(std::move(role)), r.string("health"), r.string("online")});
+    if (endpoint) f.insert(f.end(), {r.string("endpoint"), r.string(std::move(*endpoint))});
+    f.insert(f.end(), {r.string("role"), r.string(std::move(role)), r.string("health"), r.string(std::move(health))});
     return r.array(std::move(f));
   }
   redisReply* shard(std::vector<redisReply*> slots, std::vector<redisReply*> nodes) {
@@ -58,11 +61,29 @@ TEST_F(Topology, ClusterShards) {
                                               {10923, 16383, "[::1]:7001"}}));
 }
 
-TEST_F(Topology, ClusterShardsWithUnknownEndpointUsesTheReplyingHost) {
-  const redisReply* reply = r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("", 7000, "master", "?")})});
-  auto owners = parse_cluster_shards(*reply, "10.1.1.1");
+TEST_F(Topology, ClusterShardsEndpoints) {
+  // An empty endpoint is the node asked; "?" (unknown) falls back to the ip; neither usable: an error.
+  const redisReply* empty = r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("", 7000, "master", "")})});
+  ASSERT_TRUE(parse_cluster_shards(*empty, "10.1.1.1").ok());
+  EXPECT_EQ(parse_cluster_shards(*empty, "10.1.1.1")->front().master, "10.1.1.1:7000");
+  const redisReply* unknown =
+      r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.8", 7000, "master", "?")})});
+  EXPECT_EQ(parse_cluster_shards(*unknown, "10.1.1.1")->front().master, "10.0.0.8:7000");
+  const redisReply* none = r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("", 7000, "master", "?")})});
+  EXPECT_FALSE(parse_cluster_shards(*none, "10.1.1.1").ok());
+}
+
+TEST_F(Topology, AFailedOldMasterListedFirstIsPassedOver) {
+  // Redis 7.2 keeps a failed master in its shard, still "master", after its replica took over.
+  const redisReply* reply = r.array({shard({r.integer(0), r.integer(16383)},
+                                           {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed"),
+                                            shard_node("10.0.0.2", 7001, "master", std::nullopt, "online")})});
+  auto owners = parse_cluster_shards(*reply, "seed");
   ASSERT_TRUE(owners.ok());
-  EXPECT_EQ(owners->front().master, "10.1.1.1:7000");
+  EXPECT_EQ(owners->front().master, "10.0.0.2:7001");
+  const redisReply* only_failed = r.array(
+      {shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed")})});
+  EXPECT_TRUE(parse_cluster_shards(*only_failed, "seed")->empty());  // its slots stay unknown
 }
 
 TEST_F(Topology, ClusterShardsWithoutAMasterLeavesItsSlotsUnknown) {
@@ -111,6 +132,9 @@ TEST_F(Topology, HostileClusterSlotsAreErrors) {
   EXPECT_TRUE(refused(r.array({r.array({r.integer(0), r.integer(5), r.array({r.string("a")})})})));
   EXPECT_TRUE(refused(r.array({r.array({r.integer(0), r.integer(99999), r.array({r.string("a"), r.integer(1)})})})));
   EXPECT_TRUE(refused(r.array({r.array({r.integer(0), r.integer(5), r.array({r.string("a"), r.integer(-4)})})})));
+  // "?" (unknown endpoint): its slots stay unknown.
+  const redisReply* unknown = r.array({r.array({r.integer(0), r.integer(5), r.array({r.string("?"), r.integer(1)})})});
+  EXPECT_TRUE(parse_cluster_slots(*unknown, "seed")->empty());
 }
 
 TEST(Redirection, MovedAndAsk) {
@@ -121,7 +145,8 @@ TEST(Redirection, MovedAndAsk) {
   auto ask = parse_redirection("ASK 16383 ::1:7000", "seed");  // IPv6, unbracketed as Redis writes it
   ASSERT_TRUE(ask.has_value());
   EXPECT_EQ(ask->address, "[::1]:7000");
-  EXPECT_EQ(parse_redirection("MOVED 1 :7000", "10.0.0.4")->address, "10.0.0.4:7000");  // unknown endpoint
+  EXPECT_EQ(parse_redirection("MOVED 1 :7000", "10.0.0.4")->address, "10.0.0.4:7000");  // the node asked
+  EXPECT_FALSE(parse_redirection("MOVED 1 ?:7000", "10.0.0.4").has_value());              // unknown
   for (const char* bad : {"MOVED", "MOVED 1", "MOVED 16384 a:1", "MOVED -1 a:1", "MOVED 1 a", "MOVED 1 a:0",
                           "MOVED 1 a:65536", "MOVED x a:1", "MOVED 1 a:1x"}) {
     EXPECT_FALSE(parse_redirection(bad, "seed").has_value()) << bad;
