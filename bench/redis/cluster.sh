@@ -8,9 +8,10 @@
 # 2. runs redis_benchmark (over 100,000 keys, every script) on the single Redis, then on the
 #    cluster, twice in turn: checks/s, latency, this client's CPU per check, and the server time per
 #    call on each master (the spread shows how evenly the keys are balanced). Each pair runs twice:
-#    with 64 checks in flight in all, and with the same number in flight per connection (22 on one
-#    Redis beside 64 over three masters), which isolates what routing costs from what smaller
-#    batches per connection cost in system calls;
+#    as users run it (64 checks in flight, batching on: on one Redis the checks waiting share calls,
+#    on a cluster only those of one slot can), and with every check its own call (max_batch 1) and
+#    as many in flight per connection (22 on one Redis beside 64 over three masters), which isolates
+#    what routing costs from what smaller batches per connection cost in system calls;
 # then stops the servers it started (by their PIDs). Every loop is bounded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -69,6 +70,8 @@ for run in 1 2; do
   "$bench" --address "127.0.0.1:$single" --inflight 64 --keys 100000 --checks "$checks"
   echo "== run $run: Redis Cluster, 3 masters ($seeds), 64 in flight; usec_per_call per master"
   "$bench" --cluster "$seeds" --inflight 64 --keys 100000 --checks "$checks"
-  echo "== run $run: one Redis, 22 in flight (as many per connection as the cluster's 64 over 3 masters)"
-  "$bench" --address "127.0.0.1:$single" --inflight 22 --keys 100000 --checks "$checks"
+  echo "== run $run: one Redis, 22 in flight (as many per connection as the cluster's 64 over 3 masters), max_batch 1"
+  "$bench" --address "127.0.0.1:$single" --inflight 22 --keys 100000 --checks "$checks" --max-batch 1
+  echo "== run $run: Redis Cluster, 64 in flight, max_batch 1"
+  "$bench" --cluster "$seeds" --inflight 64 --keys 100000 --checks "$checks" --max-batch 1
 done

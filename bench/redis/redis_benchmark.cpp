@@ -2,6 +2,7 @@
 //
 //   redis_benchmark --address 127.0.0.1:6379 [--inflight 64] [--keys 100000] [--checks 300000]
 //   redis_benchmark --cluster 127.0.0.1:7000,127.0.0.1:7001,... [...]   (a Redis Cluster's masters)
+//   [--max-batch 64]   (redis_options::max_batch; 1: every check its own call)
 //   redis_benchmark --script-body sliding_window_log     (prints that script, for redis-benchmark)
 //
 // For each algorithm (token bucket, sliding window log, sliding window counter, fixed window, dual
@@ -10,7 +11,7 @@
 // one connection, measuring throughput, p50/p99 latency (client side, from async_check to its
 // handler), this process's CPU time per check (getrusage: the client's cost, Redis runs apart) and
 // the server time per call (INFO commandstats, usec_per_call of evalsha; on a cluster, each
-// master's, which shows how evenly the keys spread). Talks to the given Redis only; every loop is
+// master's, which shows how evenly the keys spread), and the checks per script call (batching). Talks to the given Redis only; every loop is
 // bounded by --checks.
 #include <sys/resource.h>
 
@@ -37,6 +38,7 @@ using namespace std::chrono_literals;
 struct options {
   std::string address = "127.0.0.1:6379";
   std::vector<std::string> cluster;  // the masters, when the backend is a cluster
+  std::size_t max_batch = sluice::redis_options{}.max_batch;
   int inflight = 64;
   int keys = 100'000;
   long checks = 300'000;
@@ -169,6 +171,8 @@ int main(int argc, char** argv) {
         o.cluster.emplace_back(rest.substr(0, comma));
         rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
       }
+    } else if (a == "--max-batch") {
+      o.max_batch = static_cast<std::size_t>(std::atoi(argv[i + 1]));
     } else if (a == "--inflight")
       o.inflight = std::atoi(argv[i + 1]);
     else if (a == "--keys")
@@ -196,7 +200,8 @@ int main(int argc, char** argv) {
     admins.push_back(c);
   }
   const sluice::redis_options ro{.addresses = o.cluster.empty() ? std::vector<std::string>{o.address} : o.cluster,
-                                 .command_timeout = 1s};
+                                 .command_timeout = 1s,
+                                 .max_batch = o.max_batch};
   auto backend = o.cluster.empty() ? sluice::make_redis_backend(ro) : sluice::make_redis_cluster_backend(ro);
   if (!backend) {
     std::fprintf(stderr, "%s\n", backend.error().message.c_str());
@@ -224,8 +229,8 @@ int main(int argc, char** argv) {
   };
   const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
                           "dual_layer (2 logs)"};
-  std::printf("%-24s %12s %10s %10s %12s %18s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us", "client cpu us",
-              "usec_per_call", "bytes/key", "failed");
+  std::printf("%-24s %12s %10s %10s %12s %18s %12s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us",
+              "client cpu us", "usec_per_call", "checks/call", "bytes/key", "failed");
   for (std::size_t n = 0; n < std::size(rules); ++n) {
     const sluice::rule& r = rules[n];
     long long before = 0, after = 0;
@@ -234,15 +239,18 @@ int main(int argc, char** argv) {
     drive(**backend, r, keys, tenants, static_cast<long>(keys.size()), o.inflight);  // one check per key
     for (redisContext* c : admins) after += used_memory(c);
     for (redisContext* c : admins) simple(c, "CONFIG RESETSTAT");
+    const std::uint64_t calls_before = (*backend)->stats().calls;
     run_result res = drive(**backend, r, keys, tenants, o.checks, o.inflight);
+    const double per_call =
+        static_cast<double>(o.checks) / static_cast<double>((*backend)->stats().calls - calls_before);
     std::string usec;
     for (redisContext* c : admins) {
       char buf[32];
       std::snprintf(buf, sizeof buf, "%s%.2f", usec.empty() ? "" : "/", evalsha_usec_per_call(c));
       usec += buf;
     }
-    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
-                res.p99_us, res.cpu_us, usec.c_str(),
+    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.1f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
+                res.p99_us, res.cpu_us, usec.c_str(), per_call,
                 static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
     std::fflush(stdout);
   }

@@ -259,11 +259,25 @@ void redis_core::flush_batch(node& n) {
   std::vector<op_ptr> ops = std::move(n.batch);
   n.batch.clear();
   std::erase_if(ops, [](const op_ptr& o) { return o->done; });
-  if (ops.empty()) return;
   if (!n.conn->open()) {
     for (auto& o : ops) fail(o, errc::backend_unavailable, "not connected to " + n.address);
     return;
   }
+  // On a cluster a script's keys must share a slot: one call per slot (each slot's checks in the
+  // order they came; checks of different slots touch different keys).
+  if (cluster_) {
+    std::stable_sort(ops.begin(), ops.end(), [](const op_ptr& a, const op_ptr& b) { return a->call.slot < b->call.slot; });
+  }
+  for (std::size_t first = 0; first < ops.size();) {
+    std::size_t last = first + 1;
+    while (last < ops.size() && (!cluster_ || ops[last]->call.slot == ops[first]->call.slot)) ++last;
+    send_batch(n, std::vector<op_ptr>(ops.begin() + static_cast<std::ptrdiff_t>(first),
+                                      ops.begin() + static_cast<std::ptrdiff_t>(last)));
+    first = last;
+  }
+}
+
+void redis_core::send_batch(node& n, std::vector<op_ptr> ops) {
   if (ops.size() == 1) return send_one(n, ops.front(), false);
   batch_builder b;
   steady::time_point deadline = ops.front()->deadline;
@@ -305,10 +319,10 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
     const std::string_view msg(reply->str, reply->len);
     const reply_error kind = classify_error(msg);
     if (kind == reply_error::oom) set_out_of_memory(n, true);
-    if (kind != reply_error::oom && (kind != reply_error::other || msg.starts_with("CROSSSLOT"))) {
-      // The script did not run (a redirection, a migration, a node without it, keys over several
-      // nodes' slots): each check goes again, alone, and takes its own way. A node that forgot the
-      // batch script learns it again for the next batches.
+    if (kind != reply_error::oom && kind != reply_error::other) {
+      // The script did not run (a redirection, a migration, a node without it): each check goes
+      // again, alone, and takes its own way. A node that forgot the batch script learns it again
+      // for the next batches.
       if (kind == reply_error::noscript && n.conn->open()) {
         static const std::string load = [] {
           const std::string& body = scripts()[batch_script].body;

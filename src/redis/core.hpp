@@ -132,6 +132,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void send_to(node& n, const op_ptr& o, bool asking);
   void send_one(node& n, const op_ptr& o, bool asking);
   void flush_batch(node& n);
+  void send_batch(node& n, std::vector<op_ptr> ops);
   static void on_batch_reply(redisAsyncContext* ac, void* reply, void* privdata);
   void handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisReply* reply);
   void fail_waiting(node& n, errc code, const std::string& why);

@@ -253,9 +253,9 @@ return out
 // deadline for all. ARGV[1] = now, ARGV[2] = deadline, then per check its kind (an algorithm's index
 // for one key; 4 + tenant index × 4 + user index for a dual-layer pair of keys), its cost and its
 // parameters (three per key); KEYS hold their keys in the same order. The reply is each check's
-// values as its own script returns them, without `now`, one after another, then `now`. The keys may
-// lie in several slots of one cluster node (allow-cross-slot-keys); a dual-layer check's two share one.
-constexpr std::string_view batch_prelude = R"lua(#!lua flags=allow-cross-slot-keys
+// values as its own script returns them, without `now`, one after another, then `now`. On a cluster
+// its keys share one slot (Redis refuses others with CROSSSLOT), as a dual-layer check's two do.
+constexpr std::string_view batch_prelude = R"lua(#!lua
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')

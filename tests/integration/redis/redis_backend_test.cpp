@@ -634,6 +634,61 @@ TEST_F(RedisBackendTest, AsyncChecksArePipelinedAndAllComplete) {
   EXPECT_EQ(b->stats().redis_decisions, static_cast<std::uint64_t>(n));
 }
 
+// Bursts of asynchronous checks from one thread over a few keys of every kind of rule: those that
+// arrive while calls are in flight share calls of the batch script, and each decision is the one
+// the in-process backend gives the same checks one by one in the same order (a batch is one µs).
+TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
+  auto b = make();
+  auto memory = make_memory_backend({.clock = &clock_}).value();
+  const rule rules[] = {
+      {.name = "tb", .limit = token_bucket_policy(per_second(20), 6)},
+      {.name = "swl", .limit = sliding_window_policy(8, 1s)},
+      {.name = "swc", .limit = sliding_window_counter_policy(8, 1s)},
+      {.name = "fw", .limit = fixed_window_policy(8, 1s)},
+      {.name = "dual", .limit = fixed_window_policy(4, 1s), .tenant = token_bucket_policy(per_second(20), 7)},
+  };
+  const std::string ids[] = {"a", "b", "c"};
+  std::mt19937 rng(5);
+  const std::uint64_t calls_before = b->stats().calls;
+  int checks = 0;
+  for (int burst = 0; burst < 40; ++burst) {
+    clock_.advance(std::chrono::milliseconds(rng() % 150));
+    std::vector<check_request> reqs;
+    for (int i = 0; i < 24; ++i) {
+      const rule& r = rules[rng() % std::size(rules)];
+      const std::string& id = ids[rng() % 3];
+      reqs.push_back({.rule = &r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = 1 + rng() % 2});
+    }
+    std::vector<std::promise<result<decision>>> answers(reqs.size());
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      b->async_check(reqs[i], [&answers, i](result<decision> d) { answers[i].set_value(std::move(d)); });
+    }
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      expect_same(expect_decision(answers[i].get_future().get()), expect_decision(memory->check(reqs[i])),
+                  "burst " + std::to_string(burst) + " check " + std::to_string(i));
+      ++checks;
+    }
+    if (HasFailure()) return;
+  }
+  EXPECT_LT(b->stats().calls - calls_before, static_cast<std::uint64_t>(checks) / 2) << "checks shared calls";
+}
+
+TEST_F(RedisBackendTest, MaxBatchOneSendsEveryCheckAlone) {
+  redis_options o;
+  o.max_batch = 1;
+  auto b = make(o);
+  rule r{.name = "r", .limit = fixed_window_policy(50, 1min)};
+  std::vector<std::promise<result<decision>>> answers(100);
+  for (auto& a : answers) b->async_check({.rule = &r, .key = "k"}, [&a](result<decision> d) { a.set_value(std::move(d)); });
+  int allowed = 0;
+  for (auto& a : answers) allowed += expect_decision(a.get_future().get()).allowed;
+  EXPECT_EQ(allowed, 50);
+  EXPECT_EQ(b->stats().calls, 100u);
+  o.max_batch = 0;
+  o.addresses = {redis_->address()};
+  EXPECT_EQ(make_redis_backend(o).error().code, errc::invalid_argument);
+}
+
 TEST_F(RedisBackendTest, RunsOnTheCallersIoContext) {
   asio::io_context io;
   auto work = asio::make_work_guard(io);

@@ -383,3 +383,51 @@ TEST(ParseTimeReply, SecondsAndMicroseconds) {
 
 }  // namespace
 }  // namespace sluice::detail
+
+namespace sluice::detail {
+namespace {
+
+// --- batch_builder, parse_batch_reply ------------------------------------------------------------
+
+TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachChecksKindCostAndParameters) {
+  const rule one{.name = "api", .limit = fixed_window_policy(3, 1min)};
+  const rule two{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
+  const prepared_script p1 = prepared(one);
+  const prepared_script p2 = prepared(two);
+  batch_builder b;
+  b.add(evalsha_command(p1, one, {.rule = &one, .key = "k", .cost = 2}, "sluice:", -1, -1), p1.script, 1);
+  b.add(evalsha_command(p2, two, {.rule = &two, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), p2.script, 2);
+  EXPECT_EQ(b.checks, 2u);
+  EXPECT_EQ(decode(b.text(4242)),
+            (std::vector<std::string>{"EVALSHA", scripts()[batch_script].sha1, "3",
+                                      single_key("sluice:", "api", "k", "fw.60000000"),
+                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
+                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"), "-1", "4242",
+                                      std::to_string(p1.script), "2", "3", "60000000", "0",
+                                      std::to_string(p2.script), "1", "10", "60000000", "0", "3", "60000000", "0"}));
+}
+
+TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
+  const rule one{.name = "api", .limit = fixed_window_policy(3, 1min)};
+  const rule two{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
+  const prepared_script p1 = prepared(one);
+  const prepared_script p2 = prepared(two);
+  const std::vector<const prepared_script*> checks = {&p1, &p2, &p1};
+  replies r;
+  auto d = parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us}));
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  ASSERT_EQ(d->size(), 3u);
+  EXPECT_TRUE((*d)[0].allowed);
+  EXPECT_EQ((*d)[0].remaining, 2);
+  EXPECT_FALSE((*d)[1].allowed);  // the user layer refused
+  EXPECT_EQ((*d)[1].rejected_by, layer::user);
+  EXPECT_FALSE((*d)[2].allowed);
+  EXPECT_EQ((*d)[2].retry_after, 30us);
+  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({1, 2, 0, 500, now_us})).ok());  // short
+  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, 1, now_us})).ok());
+  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({2, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us})).ok());
+  EXPECT_FALSE(parse_batch_reply(checks, *r.string("OK")).ok());
+}
+
+}  // namespace
+}  // namespace sluice::detail
