@@ -407,7 +407,7 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
                        "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
                        "breaker_probe_interval_ms", "error_log_interval_ms", "cluster_refresh_interval_ms",
-                       "max_keys_per_rule"});
+                       "max_batch", "max_keys_per_rule"});
       !v) {
     return v.error();
   }
@@ -472,6 +472,9 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   auto pending = s.integer_or("max_pending", static_cast<std::int64_t>(r.max_pending), 1, 10'000'000);
   if (!pending) return pending.error();
   r.max_pending = static_cast<std::size_t>(*pending);
+  auto batch = s.integer_or("max_batch", static_cast<std::int64_t>(r.max_batch), 1, 1000);
+  if (!batch) return batch.error();
+  r.max_batch = static_cast<std::size_t>(*batch);
   auto threshold = s.integer_or("breaker_failure_threshold", r.breaker_failure_threshold, 1, 1'000'000);
   if (!threshold) return threshold.error();
   r.breaker_failure_threshold = static_cast<int>(*threshold);

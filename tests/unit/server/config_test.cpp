@@ -229,6 +229,8 @@ max_pending = 77
 breaker_failure_threshold = 9
 breaker_probe_interval_ms = 750
 error_log_interval_ms = 0
+cluster_refresh_interval_ms = 2500
+max_batch = 16
 max_keys_per_rule = 5000
 
 [[rules]]
@@ -252,6 +254,8 @@ window = 60
   EXPECT_EQ(r.breaker_failure_threshold, 9);
   EXPECT_EQ(r.breaker_probe_interval, 750ms);
   EXPECT_EQ(r.error_log_interval, 0ms);
+  EXPECT_EQ(r.cluster_refresh_interval, 2500ms);
+  EXPECT_EQ(r.max_batch, 16u);
   EXPECT_EQ(r.clock_for_test, nullptr);
   EXPECT_EQ(c->backend.max_keys_per_rule, 5000u);
 
@@ -259,6 +263,11 @@ window = 60
   ASSERT_TRUE(defaults.ok()) << defaults.error().message;
   EXPECT_EQ(defaults->backend.redis, redis_options{});
   EXPECT_EQ(defaults->backend, backend_settings{.type = backend_type::redis});
+
+  auto cluster = parse_config(std::string(seed) + "[backend]\ntype = \"redis_cluster\"\ndatabase = 1\n", "c.toml");
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_NE(cluster.error().message.find("database must be 0 for a Redis Cluster"), std::string::npos)
+      << cluster.error().message;
 }
 
 // A bad value of any [backend] key is an error naming the key and where it is.
@@ -292,6 +301,8 @@ TEST(Config, BadValueOfEachBackendKey) {
       {"error_log_interval_ms = -1", "25: error_log_interval_ms must be between 0 and 86400000, got -1"},
       {"error_log_interval_ms = [1]", "25: error_log_interval_ms must be an integer, got an array"},
       {"max_keys_per_rule = 0", "21: max_keys_per_rule must be between 1 and 1000000000, got 0"},
+      {"max_batch = 0", "13: max_batch must be between 1 and 1000, got 0"},
+      {"cluster_refresh_interval_ms = 0", "31: cluster_refresh_interval_ms must be between 1 and 86400000, got 0"},
       {"breaker_threshold = 5", "1: unknown key 'breaker_threshold' in [backend]"},
   };
   for (const bad_case& c : cases) {
