@@ -208,8 +208,9 @@ void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
     if (cluster_) request_refresh();
     return fail(o, errc::backend_unavailable, "not connected to " + n.address);
   }
-  if (!options_.clock_for_test && n.clock.offset_us() == server_clock::unknown) {
-    // A new node: sent once its handshake has read its clock, so that it carries a deadline.
+  if (!options_.clock_for_test && n.clock.offset_us() == server_clock::unknown && !n.ready) {
+    // A new node: sent once its handshake has read its clock, so that it carries a deadline (or,
+    // should its TIME be unreadable, once the handshake is done).
     n.unsent.emplace_back(o, asking);
     return;
   }
@@ -628,6 +629,7 @@ void redis_core::on_node_ready(node& n) {
     spdlog::info("sluice redis backend: connected to {}; circuit closed", n.address);
   }
   update_ready();
+  send_unsent(n);
   if (cluster_ && refresh_wanted_) start_refresh();
 }
 
