@@ -3,7 +3,8 @@
 // Each algorithm is one Lua script run atomically by Redis (EVALSHA, reloaded transparently after
 // SCRIPT FLUSH or a restart); time comes from the Redis server's TIME, so instances whose clocks
 // disagree still share one window. The client is hiredis driven by Boost.Asio: one connection,
-// concurrent checks pipelined on it, no thread blocked per check. When Redis cannot answer within
+// concurrent checks pipelined on it, no thread blocked per check; checks that arrive while calls are
+// in flight share one call of a batch script (redis_options::max_batch). When Redis cannot answer within
 // `command_timeout`, the decision follows `on_error`; a circuit breaker then stops paying the timeout
 // and reconnects in the background.
 //

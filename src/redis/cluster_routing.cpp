@@ -218,12 +218,16 @@ void redis_core::apply_map(const std::vector<slot_owner>& owners) {
   asio::post(strand_, [self = shared_from_this()] { self->retire_idle_nodes(); });
 }
 
-// Nodes that serve no slot and on which nothing waits (old masters, replicas given as seeds).
+// Nodes that serve no slot, on which nothing waits and to which nothing was sent for a refresh
+// interval (old masters, replicas given as seeds; not the node a slot is being migrated to, which
+// ASK keeps sending to while it serves no slot yet).
 void redis_core::retire_idle_nodes() {
   if (stopping_) return;
+  const auto now = steady::now();
   for (auto it = nodes_.begin(); it != nodes_.end();) {
     node& n = *it->second;
-    if (n.serves || n.in_flight > 0 || !n.unsent.empty() || !n.batch.empty()) {
+    if (n.serves || n.in_flight > 0 || !n.unsent.empty() || !n.batch.empty() ||
+        now - n.last_sent < options_.cluster_refresh_interval) {
       ++it;
       continue;
     }

@@ -252,6 +252,7 @@ void redis_core::send_one(node& n, const op_ptr& o, bool asking) {
     return fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
   }
   ++n.in_flight;
+  n.last_sent = steady::now();
   calls_.fetch_add(1, std::memory_order_relaxed);
   o->sent_to = &n;
 }
@@ -294,6 +295,7 @@ void redis_core::send_batch(node& n, std::vector<op_ptr> ops) {
     return;
   }
   ++n.in_flight;
+  n.last_sent = steady::now();
   calls_.fetch_add(1, std::memory_order_relaxed);
   for (auto& o : ops) o->sent_to = &n;
 }

@@ -89,6 +89,7 @@ struct node : std::enable_shared_from_this<node> {
   bool ready = false;                           // the handshake was answered
   bool out_of_memory = false;                   // it refuses scripts over maxmemory
   bool serves = false;                          // cluster: a master of the current slot map
+  steady::time_point last_sent{};               // cluster: an idle node that serves no slot is closed after a while
 };
 
 using node_ptr = std::shared_ptr<node>;

@@ -310,6 +310,53 @@ TEST_F(RedisClusterTest, SeedsMayBeAnyNodeAndSomeMayBeDown) {
   EXPECT_EQ(b->stats().masters, 3u);
 }
 
+// Each master has its own circuit breaker: one that stops answering (DEBUG SLEEP, shorter than the
+// cluster's node timeout, so no failover) opens its circuit — its checks then follow on_error at
+// once — while checks on the other masters never notice; once it answers again a probe closes it.
+TEST_F(RedisClusterTest, AStalledMasterOpensOnlyItsOwnCircuit) {
+  redis_options o = options(cluster_->seeds());
+  o.command_timeout = 100ms;
+  o.breaker_failure_threshold = 2;
+  o.breaker_probe_interval = 50ms;
+  auto b = make_cluster(o);
+  const rule r{.name = "stall", .limit = fixed_window_policy(1'000'000, 1h)};
+  std::string stalled_key, other_key;
+  redis_server* stalled = nullptr;
+  for (int i = 0; stalled_key.empty() || other_key.empty(); ++i) {
+    const std::string k = "key" + std::to_string(i);
+    redis_server& m = cluster_->master_of(detail::key_slot(single_key(r, k)));
+    if (stalled == nullptr) stalled = &m;
+    if (&m == stalled && stalled_key.empty()) stalled_key = k;
+    if (&m != stalled && other_key.empty()) other_key = k;
+  }
+  ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
+  std::thread sleeper([stalled] { stalled->command({"DEBUG", "SLEEP", "0.6"}); });
+  // Wait (bounded) until the stalled master's circuit is open.
+  const auto give_up = steady::now() + 5s;
+  while (!b->stats().circuit_open && steady::now() < give_up) {
+    const decision_source s = expect_decision(b->check({.rule = &r, .key = stalled_key})).source;
+    EXPECT_TRUE(s == decision_source::fail_open || s == decision_source::limiter);  // answered before the stall
+    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = other_key})).source, decision_source::limiter);
+  }
+  ASSERT_TRUE(b->stats().circuit_open);
+  const std::uint64_t timeouts = b->stats().timeouts;
+  for (int i = 0; i < 20; ++i) {
+    // Open: decided by on_error at once, no timeout paid; the other masters answer.
+    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::fail_open);
+    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = other_key})).source, decision_source::limiter);
+  }
+  EXPECT_EQ(b->stats().timeouts, timeouts) << "an open circuit pays no timeout";
+  sleeper.join();
+  const auto back_by = steady::now() + 10s;
+  while (expect_decision(b->check({.rule = &r, .key = stalled_key})).source != decision_source::limiter &&
+         steady::now() < back_by) {
+    std::this_thread::sleep_for(20ms);  // the probe's interval; no limiter waits on it
+  }
+  EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
+  EXPECT_FALSE(b->stats().circuit_open);
+  EXPECT_EQ(b->stats().circuit_opens, 1u);
+}
+
 TEST_F(RedisClusterTest, InvalidOptionsAreErrors) {
   redis_options o = options(cluster_->seeds());
   o.database = 1;
@@ -391,6 +438,8 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   const int victim_slot = detail::key_slot(single_key(r, victim_key));
   redis_server& heir = cluster_->replica_of(*victim);
   ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = victim_key})).source, decision_source::limiter);
+  // Ready once every master's connection has finished its handshake.
+  for (const auto until = steady::now() + 5s; !b->ready() && steady::now() < until;) std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(b->ready());
 
   const auto killed_at = steady::now();
