@@ -259,10 +259,10 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
     if (m != &from) to = m;
   }
   const std::string s = std::to_string(slot);
-  std::atomic<bool> stop{false};
   std::atomic<int> admitted{1}, failed{0}, checks{1};
-  std::thread load([&] {
-    for (int i = 0; i < 5000 && !stop.load(); ++i) {
+  // A jthread: stopped and joined on every way out of the test, a failed assertion's included.
+  std::jthread load([&](std::stop_token stop) {
+    for (int i = 0; i < 5000 && !stop.stop_requested(); ++i) {
       const decision d = expect_decision(b->check({.rule = &r, .tenant = tenant, .user = "bob"}));
       if (d.source != decision_source::limiter) failed.fetch_add(1);
       admitted.fetch_add(d.allowed);
@@ -273,12 +273,15 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
   to->command({"CLUSTER", "SETSLOT", s, "IMPORTING", id_of(from)});
   from.command({"CLUSTER", "SETSLOT", s, "MIGRATING", id_of(*to)});
   from.command({"MIGRATE", "127.0.0.1", std::to_string(to->port()), tk, "0", "5000"});
-  std::this_thread::sleep_for(30ms);  // the keys stay split a while: checks meet TRYAGAIN
+  // The keys stay split until checks have met TRYAGAIN (bounded).
+  for (const auto until = steady::now() + 5s; b->stats().retries == 0 && steady::now() < until;) {
+    std::this_thread::sleep_for(1ms);
+  }
   from.command({"MIGRATE", "127.0.0.1", std::to_string(to->port()), uk, "0", "5000"});
   for (redis_server* m : cluster_->masters()) m->command({"CLUSTER", "SETSLOT", s, "NODE", id_of(*to)});
   const int at_move = checks.load();
   while (checks.load() < at_move + 20 && checks.load() < 5000) std::this_thread::yield();
-  stop = true;
+  load.request_stop();
   load.join();
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(admitted.load(), std::min(checks.load(), 300)) << "of " << checks.load();
@@ -330,7 +333,7 @@ TEST_F(RedisClusterTest, AStalledMasterOpensOnlyItsOwnCircuit) {
     if (&m != stalled && other_key.empty()) other_key = k;
   }
   ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
-  std::thread sleeper([stalled] { stalled->command({"DEBUG", "SLEEP", "0.6"}); });
+  std::jthread sleeper([stalled] { stalled->command({"DEBUG", "SLEEP", "0.6"}); });
   // Wait (bounded) until the stalled master's circuit is open.
   const auto give_up = steady::now() + 5s;
   while (!b->stats().circuit_open && steady::now() < give_up) {
@@ -392,9 +395,8 @@ TEST_F(RedisClusterFailoverTest, ManualFailoverFailsNoCheck) {
   redis_server& master = cluster_->master_of(slot);
   redis_server& replica = cluster_->replica_of(master);
   std::atomic<int> admitted{0}, failed{0}, checks{0};
-  std::atomic<bool> stop{false};
-  std::thread load([&] {
-    for (int i = 0; i < 20'000 && !stop.load(); ++i) {
+  std::jthread load([&](std::stop_token stop) {
+    for (int i = 0; i < 20'000 && !stop.stop_requested(); ++i) {
       const decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
       if (d.source != decision_source::limiter) failed.fetch_add(1);
       admitted.fetch_add(d.allowed);
@@ -402,13 +404,21 @@ TEST_F(RedisClusterFailoverTest, ManualFailoverFailsNoCheck) {
     }
   });
   while (checks.load() < 50) std::this_thread::yield();
-  EXPECT_EQ(replica.string({"CLUSTER", "FAILOVER"}), "OK");
+  // A replica may refuse for a moment after the cluster formed (its view of its master settling):
+  // asked again, bounded.
+  std::string answer;
+  for (int i = 0; i < 100 && answer != "OK"; ++i) {
+    auto r = replica.command({"CLUSTER", "FAILOVER"});
+    answer = std::string(r->str ? r->str : "", r->str ? r->len : 0);
+    if (answer != "OK") std::this_thread::sleep_for(100ms);
+  }
+  ASSERT_EQ(answer, "OK");
   const auto give_up = steady::now() + 30s;
   while (&cluster_->master_of(slot) != &replica && steady::now() < give_up) std::this_thread::sleep_for(20ms);
   ASSERT_EQ(&cluster_->master_of(slot), &replica) << "the replica did not take over";
   const int at_switch = checks.load();
   while (checks.load() < at_switch + 200 && checks.load() < 20'000) std::this_thread::yield();
-  stop = true;
+  load.request_stop();
   load.join();
   EXPECT_EQ(failed.load(), 0);
   EXPECT_EQ(admitted.load(), std::min(checks.load(), 400)) << "of " << checks.load();
