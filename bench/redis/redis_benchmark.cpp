@@ -11,8 +11,8 @@
 // one connection, measuring throughput, p50/p99 latency (client side, from async_check to its
 // handler), this process's CPU time per check (getrusage: the client's cost, Redis runs apart) and
 // the server time per call (INFO commandstats, usec_per_call of evalsha; on a cluster, each
-// master's, which shows how evenly the keys spread), and the checks per script call (batching). Talks to the given Redis only; every loop is
-// bounded by --checks.
+// master's, which shows how evenly the keys spread), and the checks per script call (batching). Talks to the given
+// Redis only; every loop is bounded by --checks.
 #include <sys/resource.h>
 
 #include <hiredis/hiredis.h>

@@ -56,26 +56,26 @@ namespace sluice {
 
 /// Counters since the backend was made, for metrics. Monotonic except `pending` and `circuit_open`.
 struct redis_backend_stats {
-  std::uint64_t checks = 0;           ///< Checks accepted (valid requests).
-  std::uint64_t redis_decisions = 0;  ///< Checks Redis decided.
-  std::uint64_t calls = 0;            ///< Script calls sent (a batch of checks is one).
-  std::uint64_t timeouts = 0;         ///< Checks that got no answer within command_timeout.
-  std::uint64_t unavailable = 0;      ///< Checks failed because the connection was down or the circuit open.
-  std::uint64_t protocol_errors = 0;  ///< Error replies or malformed replies.
-  std::uint64_t overloaded = 0;       ///< Checks refused because max_pending checks were waiting.
-  std::uint64_t fail_open = 0;        ///< Failed checks admitted by on_error = allow.
-  std::uint64_t fail_closed = 0;      ///< Failed checks refused by on_error = deny.
-  std::uint64_t local_fallback = 0;   ///< Failed checks decided in process by on_error = local.
-  std::uint64_t script_reloads = 0;   ///< NOSCRIPT replies recovered by sending the script again.
-  std::uint64_t connects = 0;         ///< Successful connections (the first one included).
-  std::uint64_t circuit_opens = 0;    ///< Times a circuit breaker opened (one per server).
-  std::uint64_t redirections = 0;     ///< Cluster: checks sent on by MOVED, ASK or READONLY.
-  std::uint64_t retries = 0;          ///< Cluster: checks retried after TRYAGAIN or CLUSTERDOWN.
+  std::uint64_t checks = 0;              ///< Checks accepted (valid requests).
+  std::uint64_t redis_decisions = 0;     ///< Checks Redis decided.
+  std::uint64_t calls = 0;               ///< Script calls sent (a batch of checks is one).
+  std::uint64_t timeouts = 0;            ///< Checks that got no answer within command_timeout.
+  std::uint64_t unavailable = 0;         ///< Checks failed because the connection was down or the circuit open.
+  std::uint64_t protocol_errors = 0;     ///< Error replies or malformed replies.
+  std::uint64_t overloaded = 0;          ///< Checks refused because max_pending checks were waiting.
+  std::uint64_t fail_open = 0;           ///< Failed checks admitted by on_error = allow.
+  std::uint64_t fail_closed = 0;         ///< Failed checks refused by on_error = deny.
+  std::uint64_t local_fallback = 0;      ///< Failed checks decided in process by on_error = local.
+  std::uint64_t script_reloads = 0;      ///< NOSCRIPT replies recovered by sending the script again.
+  std::uint64_t connects = 0;            ///< Successful connections (the first one included).
+  std::uint64_t circuit_opens = 0;       ///< Times a circuit breaker opened (one per server).
+  std::uint64_t redirections = 0;        ///< Cluster: checks sent on by MOVED, ASK or READONLY.
+  std::uint64_t retries = 0;             ///< Cluster: checks retried after TRYAGAIN or CLUSTERDOWN.
   std::uint64_t topology_refreshes = 0;  ///< Cluster: slot maps read.
-  std::uint64_t masters = 0;          ///< Cluster: masters in the current slot map.
-  std::uint64_t pending = 0;          ///< Checks waiting right now.
-  bool circuit_open = false;          ///< True while checks to a server (on a cluster: to some master) fail fast.
-  bool out_of_memory = false;         ///< Redis refuses scripts over maxmemory (ready() is false).
+  std::uint64_t masters = 0;             ///< Cluster: masters in the current slot map.
+  std::uint64_t pending = 0;             ///< Checks waiting right now.
+  bool circuit_open = false;             ///< True while checks to a server (on a cluster: to some master) fail fast.
+  bool out_of_memory = false;            ///< Redis refuses scripts over maxmemory (ready() is false).
 };
 
 /// The Redis backend; `stats()` is what sluiced exports.

@@ -148,7 +148,8 @@ void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::u
   if (reply->type == REDIS_REPLY_ERROR && shards) return send_topology_query(n, false);  // before Redis 7
   result<std::vector<slot_owner>> owners = error(errc::backend_protocol, "CLUSTER SLOTS refused");
   if (reply->type == REDIS_REPLY_ERROR) {
-    owners = error(errc::backend_protocol, "CLUSTER SLOTS: " + std::string(reply->str, std::min<std::size_t>(reply->len, 200)));
+    owners = error(errc::backend_protocol,
+                   "CLUSTER SLOTS: " + std::string(reply->str, std::min<std::size_t>(reply->len, 200)));
   } else if (shards) {
     owners = parse_cluster_shards(*reply, host_of(n.address));
     const auto covered = [](const std::vector<slot_owner>& v) {

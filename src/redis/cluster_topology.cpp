@@ -47,7 +47,8 @@ error bad(std::string what) { return {errc::backend_protocol, "cluster topology:
 result<std::vector<slot_owner>> finish(std::vector<slot_owner> owners) {
   std::sort(owners.begin(), owners.end(), [](const slot_owner& a, const slot_owner& b) { return a.first < b.first; });
   for (std::size_t i = 1; i < owners.size(); ++i) {
-    if (owners[i].first <= owners[i - 1].last) return bad("slot ranges overlap at slot " + std::to_string(owners[i].first));
+    if (owners[i].first <= owners[i - 1].last)
+      return bad("slot ranges overlap at slot " + std::to_string(owners[i].first));
   }
   return owners;
 }

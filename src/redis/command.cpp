@@ -202,8 +202,9 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
   long long v[9];
   std::optional<decision> d;
   if (integers(r, values_of(p) + 1, v)) d = decision_of(p, v);
-  if (!d) return {errc::backend_protocol, p.dual ? "unexpected reply from the dual-layer script"
-                                                 : "unexpected reply from the rate-limit script"};
+  if (!d)
+    return {errc::backend_protocol,
+            p.dual ? "unexpected reply from the dual-layer script" : "unexpected reply from the rate-limit script"};
   return *d;
 }
 

@@ -51,12 +51,12 @@ result<prepared_script> prepare_script(const rule& r);
 
 /// One script call in RESP, with the offsets its EVAL form and its deadline need.
 struct command {
-  std::string text;             ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
-  std::size_t header = 0;       ///< Length of "*argc CRLF".
-  std::size_t rest = 0;         ///< Offset of numkeys: what EVAL shares with EVALSHA.
-  std::size_t keys_at = 0;      ///< Offset of the first key's bulk string; keys_end: past the last.
-  std::size_t keys_end = 0;     ///< Also where `now`'s bulk string starts.
-  std::size_t args_at = 0;      ///< Offset of the cost's bulk string; args_end: past the parameters.
+  std::string text;          ///< *argc, EVALSHA, sha, numkeys, keys..., now, cost, params..., deadline.
+  std::size_t header = 0;    ///< Length of "*argc CRLF".
+  std::size_t rest = 0;      ///< Offset of numkeys: what EVAL shares with EVALSHA.
+  std::size_t keys_at = 0;   ///< Offset of the first key's bulk string; keys_end: past the last.
+  std::size_t keys_end = 0;  ///< Also where `now`'s bulk string starts.
+  std::size_t args_at = 0;   ///< Offset of the cost's bulk string; args_end: past the parameters.
   std::size_t args_end = 0;
   std::size_t deadline_at = 0;  ///< Offset of the deadline's fixed-width digits (set_deadline).
   std::uint16_t slot = 0;       ///< The Redis Cluster slot of its keys (slot.hpp): they share one.
@@ -100,8 +100,7 @@ struct batch_builder {
 
 /// Each check's decision from the batch script's reply, in order. Errors (errc::backend_protocol):
 /// another type or length, a non-integer value, an `allowed` not 0 or 1.
-result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
-                                                const redisReply& r);
+result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks, const redisReply& r);
 
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.

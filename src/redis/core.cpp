@@ -35,7 +35,8 @@ bool same_now(const command& a, const command& b) {
 // The deadline on the node's clock: a call it runs later records nothing (scripts.cpp).
 std::int64_t node_deadline_us(const node& n, steady::time_point deadline, bool test_clock) {
   if (test_clock) return -1;
-  return n.clock.server_us_at(std::chrono::duration_cast<std::chrono::microseconds>(deadline.time_since_epoch()).count());
+  return n.clock.server_us_at(
+      std::chrono::duration_cast<std::chrono::microseconds>(deadline.time_since_epoch()).count());
 }
 
 }  // namespace
@@ -133,8 +134,9 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
     pending_.fetch_sub(1, std::memory_order_relaxed);
     overloaded_.fetch_add(1, std::memory_order_relaxed);
     if (std::uint64_t n = log_.occurred()) {
-      spdlog::warn("sluice redis backend: too many checks waiting (max_pending = {}) ({} error(s) since the last report)",
-                   options_.max_pending, n);
+      spdlog::warn(
+          "sluice redis backend: too many checks waiting (max_pending = {}) ({} error(s) since the last report)",
+          options_.max_pending, n);
     }
     handler(failure_decision(req, *prepared));
     return;
@@ -268,7 +270,8 @@ void redis_core::flush_batch(node& n) {
   // On a cluster a script's keys must share a slot: one call per slot (each slot's checks in the
   // order they came; checks of different slots touch different keys).
   if (cluster_) {
-    std::stable_sort(ops.begin(), ops.end(), [](const op_ptr& a, const op_ptr& b) { return a->call.slot < b->call.slot; });
+    std::stable_sort(ops.begin(), ops.end(),
+                     [](const op_ptr& a, const op_ptr& b) { return a->call.slot < b->call.slot; });
   }
   for (std::size_t first = 0; first < ops.size();) {
     std::size_t last = first + 1;
@@ -291,7 +294,8 @@ void redis_core::send_batch(node& n, std::vector<op_ptr> ops) {
   auto* box = new batch_box{ops, this, &n};
   if (!n.conn->send(text, &redis_core::on_batch_reply, box)) {
     delete box;
-    for (auto& o : ops) fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
+    for (auto& o : ops)
+      fail(o, errc::backend_unavailable, "cannot queue the command on the connection to " + n.address);
     return;
   }
   ++n.in_flight;
@@ -348,7 +352,8 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
   set_out_of_memory(n, false);
   if (std::int64_t t = reply_time(*reply); t >= 0) n.clock.observe(t, server_clock::local_now_us());
   if (is_expired_reply(*reply)) {
-    for (auto& o : ops) fail(o, errc::backend_timeout, "the checks reached Redis after their deadline; nothing was recorded");
+    for (auto& o : ops)
+      fail(o, errc::backend_timeout, "the checks reached Redis after their deadline; nothing was recorded");
     return;
   }
   std::vector<const prepared_script*> calls;
@@ -670,9 +675,10 @@ void redis_core::set_out_of_memory(node& n, bool oom) {
   update_ready();
   if (oom) {
     if (std::uint64_t count = log_.occurred()) {
-      spdlog::warn("sluice redis backend: {} is out of memory (maxmemory): scripts refused, /readyz reports not ready"
-                   " ({} error(s) since the last report)",
-                   n.address, count);
+      spdlog::warn(
+          "sluice redis backend: {} is out of memory (maxmemory): scripts refused, /readyz reports not ready"
+          " ({} error(s) since the last report)",
+          n.address, count);
     }
     schedule_oom_probe(n.shared_from_this());
   }
@@ -681,25 +687,26 @@ void redis_core::set_out_of_memory(node& n, bool oom) {
 void redis_core::schedule_oom_probe(const node_ptr& n) {
   if (stopping_) return;
   n->oom_probe_timer.expires_after(options_.breaker_probe_interval);
-  n->oom_probe_timer.async_wait(asio::bind_executor(strand_, [self = shared_from_this(), n](boost::system::error_code ec) {
-    if (ec || self->stopping_ || !n->out_of_memory) return;
-    struct probe_box {
-      redis_core* core;
-      node_ptr n;
-    };
-    auto* box = new probe_box{self.get(), n};
-    auto on_probe = [](redisAsyncContext* ac, void* reply, void* privdata) {
-      std::unique_ptr<probe_box> b(static_cast<probe_box*>(privdata));
-      auto* r = static_cast<redisReply*>(reply);
-      if (r == nullptr || !b->n->conn->is_current(ac)) return;
-      if (r->type != REDIS_REPLY_ERROR) b->core->set_out_of_memory(*b->n, false);
-    };
-    if (!n->conn->send(oom_probe_command(), on_probe, box)) {
-      delete box;  // no connection (closed, or lost: its reconnection's replies will tell)
-      return;
-    }
-    self->schedule_oom_probe(n);
-  }));
+  n->oom_probe_timer.async_wait(
+      asio::bind_executor(strand_, [self = shared_from_this(), n](boost::system::error_code ec) {
+        if (ec || self->stopping_ || !n->out_of_memory) return;
+        struct probe_box {
+          redis_core* core;
+          node_ptr n;
+        };
+        auto* box = new probe_box{self.get(), n};
+        auto on_probe = [](redisAsyncContext* ac, void* reply, void* privdata) {
+          std::unique_ptr<probe_box> b(static_cast<probe_box*>(privdata));
+          auto* r = static_cast<redisReply*>(reply);
+          if (r == nullptr || !b->n->conn->is_current(ac)) return;
+          if (r->type != REDIS_REPLY_ERROR) b->core->set_out_of_memory(*b->n, false);
+        };
+        if (!n->conn->send(oom_probe_command(), on_probe, box)) {
+          delete box;  // no connection (closed, or lost: its reconnection's replies will tell)
+          return;
+        }
+        self->schedule_oom_probe(n);
+      }));
 }
 
 void redis_core::do_shutdown() {

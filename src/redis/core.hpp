@@ -4,16 +4,18 @@
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
 // to the strand, routed to the node that serves it — the one server, or the master that owns its
 // slot — and sent on that node's connection (connection.hpp: hiredis pipelines it behind the
-// others). It completes with the first of: its reply, its deadline, the connection's loss. What
-// Redis cannot answer follows on_error; each node's circuit breaker (breaker.hpp) stops paying the
-// timeout while that node is down.
+// others), alone or, while calls are in flight there, in one call of the batch script with the
+// checks that arrive meanwhile (one slot's, on a cluster). Its deadline is written when it is sent,
+// on that node's clock. It completes with the first of: its reply, its deadline, the connection's
+// loss. What Redis cannot answer follows on_error; each node's circuit breaker (breaker.hpp) stops
+// paying the timeout while that node is down.
 //
 // core.cpp holds the check's path; cluster_routing.cpp the cluster's slot map (discovery from the
 // seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
-// check's deadline, and to another node at most max_redirects times; a reply that never came (a lost connection) is never resent, since the
-// script may have run.
+// check's deadline, and to another node at most max_redirects times. A reply that never came (a
+// lost connection) is never resent: the script may have run.
 //
 // Thread-safe where marked; everything else runs on `strand_`.
 #pragma once
@@ -85,11 +87,11 @@ struct node : std::enable_shared_from_this<node> {
   std::vector<std::pair<op_ptr, bool>> unsent;  // waiting for the host name or the clock; bool: ASKING first
   std::vector<op_ptr> batch;                    // waiting for the flush posted while commands are in flight
   bool flush_posted = false;
-  std::size_t in_flight = 0;                    // commands sent whose callback has not run
-  bool ready = false;                           // the handshake was answered
-  bool out_of_memory = false;                   // it refuses scripts over maxmemory
-  bool serves = false;                          // cluster: a master of the current slot map
-  steady::time_point last_sent{};               // cluster: an idle node that serves no slot is closed after a while
+  std::size_t in_flight = 0;       // commands sent whose callback has not run
+  bool ready = false;              // the handshake was answered
+  bool out_of_memory = false;      // it refuses scripts over maxmemory
+  bool serves = false;             // cluster: a master of the current slot map
+  steady::time_point last_sent{};  // cluster: an idle node that serves no slot is closed after a while
 };
 
 using node_ptr = std::shared_ptr<node>;

@@ -187,8 +187,7 @@ result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_op
   return make_backend(options, true, nullptr);
 }
 
-result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
-                                                                  asio::io_context& io) {
+result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options, asio::io_context& io) {
   return make_backend(options, true, &io);
 }
 

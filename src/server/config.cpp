@@ -406,8 +406,8 @@ result<std::optional<std::vector<std::string>>> read_addresses(const section& s,
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
                        "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
-                       "breaker_probe_interval_ms", "error_log_interval_ms", "cluster_refresh_interval_ms",
-                       "max_batch", "max_keys_per_rule"});
+                       "breaker_probe_interval_ms", "error_log_interval_ms", "cluster_refresh_interval_ms", "max_batch",
+                       "max_keys_per_rule"});
       !v) {
     return v.error();
   }

@@ -679,7 +679,8 @@ TEST_F(RedisBackendTest, MaxBatchOneSendsEveryCheckAlone) {
   auto b = make(o);
   rule r{.name = "r", .limit = fixed_window_policy(50, 1min)};
   std::vector<std::promise<result<decision>>> answers(100);
-  for (auto& a : answers) b->async_check({.rule = &r, .key = "k"}, [&a](result<decision> d) { a.set_value(std::move(d)); });
+  for (auto& a : answers)
+    b->async_check({.rule = &r, .key = "k"}, [&a](result<decision> d) { a.set_value(std::move(d)); });
   int allowed = 0;
   for (auto& a : answers) allowed += expect_decision(a.get_future().get()).allowed;
   EXPECT_EQ(allowed, 50);

@@ -37,9 +37,14 @@ class redis_cluster {
   /// `extra` is added to every node's command line, e.g. {"--cluster-require-full-coverage", "no"}.
   explicit redis_cluster(std::vector<std::string> extra = {}, int masters = 3, int replicas_per_master = 1) {
     const int count = masters * (1 + replicas_per_master);
-    std::vector<std::string> args = {"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                     "--cluster-node-timeout", std::to_string(node_timeout_ms),
-                                     "--cluster-replica-validity-factor", "0"};
+    std::vector<std::string> args = {"--cluster-enabled",
+                                     "yes",
+                                     "--cluster-config-file",
+                                     "nodes.conf",
+                                     "--cluster-node-timeout",
+                                     std::to_string(node_timeout_ms),
+                                     "--cluster-replica-validity-factor",
+                                     "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     for (int i = 0; i < count; ++i) {
       nodes_.push_back(std::make_unique<redis_server>(

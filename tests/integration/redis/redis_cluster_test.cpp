@@ -98,9 +98,21 @@ redis_server* RedisClusterTest::single_ = nullptr;
 
 TEST_F(RedisClusterTest, KeySlotsAreTheSlotsRedisComputes) {
   redis_server& node = *cluster_->nodes().front();
-  std::vector<std::string> keys = {"",         "foo",       "{user1000}.following", "{}", "{}x",  "x{}",
-                                   "a{b}c{d}", "{{a}}",     "}{",                   "{",  "}",    "a{",
-                                   "%7B",      "sluice:{a}:b", std::string("\0\xff{\x80}", 5)};
+  std::vector<std::string> keys = {"",
+                                   "foo",
+                                   "{user1000}.following",
+                                   "{}",
+                                   "{}x",
+                                   "x{}",
+                                   "a{b}c{d}",
+                                   "{{a}}",
+                                   "}{",
+                                   "{",
+                                   "}",
+                                   "a{",
+                                   "%7B",
+                                   "sluice:{a}:b",
+                                   std::string("\0\xff{\x80}", 5)};
   std::mt19937 rng(3);
   for (int i = 0; i < 500; ++i) {
     std::string k(rng() % 24, '\0');
@@ -152,8 +164,8 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
 // A dual-layer rule's two keys carry the tenant's hash tag, encoded so that no id can open or close
 // it: they share a slot for every tenant id, and each check is one script run, all or nothing.
 TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {
-  std::vector<std::string> tenants = {"{",  "}",      "{}",    "}{",       "%",  "%7B", "a{b}c",
-                                      "{a", "b}",     "{{}}",  "sluice:{x}", ":", " ",   std::string("\0\xff{\x80}", 5)};
+  std::vector<std::string> tenants = {"{",  "}",  "{}",   "}{",         "%", "%7B", "a{b}c",
+                                      "{a", "b}", "{{}}", "sluice:{x}", ":", " ",   std::string("\0\xff{\x80}", 5)};
   std::mt19937 rng(11);
   for (int i = 0; i < 200; ++i) {
     std::string t(1 + rng() % 16, '\0');
@@ -226,8 +238,7 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadFailsNoCheckAndAdmitsExactlyTheLimit
   run_checks(100);
   EXPECT_EQ(from.string({"CLUSTER", "SETSLOT", s, "MIGRATING", id_of(*to)}), "OK");
   run_checks(100);  // the key is still on the old master: it answers
-  EXPECT_EQ(from.string({"MIGRATE", "127.0.0.1", std::to_string(to->port()), single_key(r, key), "0", "5000"}),
-            "OK");
+  EXPECT_EQ(from.string({"MIGRATE", "127.0.0.1", std::to_string(to->port()), single_key(r, key), "0", "5000"}), "OK");
   run_checks(100);  // the old master answers ASK: the new one, after ASKING
   EXPECT_EQ(to->string({"CLUSTER", "SETSLOT", s, "NODE", id_of(*to)}), "OK");
   run_checks(100);
@@ -486,8 +497,8 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   const auto ours = std::chrono::duration_cast<ms>(first_answer_at - promoted_at);
   std::cout << "failover gap seen by the client: " << gap.count() << " ms after SIGKILL (cluster-node-timeout "
             << redis_cluster::node_timeout_ms << " ms); promotion seen by the test "
-            << std::chrono::duration_cast<ms>(promoted_at - killed_at).count() << " ms, first answer "
-            << ours.count() << " ms after it\n";
+            << std::chrono::duration_cast<ms>(promoted_at - killed_at).count() << " ms, first answer " << ours.count()
+            << " ms after it\n";
   EXPECT_LE(ours, ms(1000));
   // Exact again: every later check is Redis's.
   for (int i = 0; i < 50; ++i) {

@@ -33,8 +33,8 @@ class Topology : public ::testing::Test {
   // One CLUSTER SHARDS node: [name, value, ...].
   redisReply* shard_node(std::string ip, long long port, std::string role,
                          std::optional<std::string> endpoint = std::nullopt, std::string health = "online") {
-    std::vector<redisReply*> f = {r.string("id"), r.string("abc"), r.string("port"), r.integer(port), r.string("ip"),
-                                  r.string(std::move(ip))};
+    std::vector<redisReply*> f = {r.string("id"),  r.string("abc"), r.string("port"),
+                                  r.integer(port), r.string("ip"),  r.string(std::move(ip))};
     if (endpoint) f.insert(f.end(), {r.string("endpoint"), r.string(std::move(*endpoint))});
     f.insert(f.end(), {r.string("role"), r.string(std::move(role)), r.string("health"), r.string(std::move(health))});
     return r.array(std::move(f));
@@ -75,9 +75,9 @@ TEST_F(Topology, ClusterShardsEndpoints) {
 
 TEST_F(Topology, AFailedOldMasterListedFirstIsPassedOver) {
   // Redis 7.2 keeps a failed master in its shard, still "master", after its replica took over.
-  const redisReply* reply = r.array({shard({r.integer(0), r.integer(16383)},
-                                           {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed"),
-                                            shard_node("10.0.0.2", 7001, "master", std::nullopt, "online")})});
+  const redisReply* reply = r.array(
+      {shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed"),
+                                                shard_node("10.0.0.2", 7001, "master", std::nullopt, "online")})});
   auto owners = parse_cluster_shards(*reply, "seed");
   ASSERT_TRUE(owners.ok());
   EXPECT_EQ(owners->front().master, "10.0.0.2:7001");
@@ -100,7 +100,7 @@ TEST_F(Topology, HostileClusterShardsAreErrors) {
   };
   EXPECT_TRUE(refused(r.integer(1)));
   EXPECT_TRUE(refused(r.array({r.integer(1)})));
-  EXPECT_TRUE(refused(r.array({r.array({r.string("slots")})})));  // odd map, no nodes
+  EXPECT_TRUE(refused(r.array({r.array({r.string("slots")})})));                           // odd map, no nodes
   EXPECT_TRUE(refused(r.array({shard({r.integer(0)}, {shard_node("a", 1, "master")})})));  // odd slot list
   EXPECT_TRUE(refused(r.array({shard({r.integer(0), r.integer(16384)}, {shard_node("a", 1, "master")})})));
   EXPECT_TRUE(refused(r.array({shard({r.integer(-1), r.integer(5)}, {shard_node("a", 1, "master")})})));
@@ -108,7 +108,8 @@ TEST_F(Topology, HostileClusterShardsAreErrors) {
   EXPECT_TRUE(refused(r.array({shard({r.string("0x1"), r.integer(5)}, {shard_node("a", 1, "master")})})));
   EXPECT_TRUE(refused(r.array({shard({r.integer(0), r.integer(5)}, {shard_node("a", 0, "master")})})));
   EXPECT_TRUE(refused(r.array({shard({r.integer(0), r.integer(5)}, {shard_node("a", 65536, "master")})})));
-  EXPECT_TRUE(refused(r.array({shard({r.integer(0), r.integer(5)}, {shard_node(std::string(300, 'h'), 1, "master")})})));
+  EXPECT_TRUE(
+      refused(r.array({shard({r.integer(0), r.integer(5)}, {shard_node(std::string(300, 'h'), 1, "master")})})));
   EXPECT_TRUE(refused(r.array({shard({r.integer(0), r.integer(10)}, {shard_node("a", 1, "master")}),
                                shard({r.integer(10), r.integer(20)}, {shard_node("b", 1, "master")})})));  // overlap
 }
@@ -146,7 +147,7 @@ TEST(Redirection, MovedAndAsk) {
   ASSERT_TRUE(ask.has_value());
   EXPECT_EQ(ask->address, "[::1]:7000");
   EXPECT_EQ(parse_redirection("MOVED 1 :7000", "10.0.0.4")->address, "10.0.0.4:7000");  // the node asked
-  EXPECT_FALSE(parse_redirection("MOVED 1 ?:7000", "10.0.0.4").has_value());              // unknown
+  EXPECT_FALSE(parse_redirection("MOVED 1 ?:7000", "10.0.0.4").has_value());            // unknown
   for (const char* bad : {"MOVED", "MOVED 1", "MOVED 16384 a:1", "MOVED -1 a:1", "MOVED 1 a", "MOVED 1 a:0",
                           "MOVED 1 a:65536", "MOVED x a:1", "MOVED 1 a:1x"}) {
     EXPECT_FALSE(parse_redirection(bad, "seed").has_value()) << bad;

@@ -139,9 +139,8 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   command c = evalsha_command(p, r, {.rule = &r, .key = "user:42", .cost = 3}, "app:", -1, 123456);
   const auto& s = scripts()[p.script];
   EXPECT_EQ(decode(c.text),
-            (std::vector<std::string>{"EVALSHA", s.sha1, "1",
-                                      single_key("app:", "api", "user:42", "swl.60000000"), "-1", "3",
-                                      "100", "60000000", "0", "00000000000123456"}));
+            (std::vector<std::string>{"EVALSHA", s.sha1, "1", single_key("app:", "api", "user:42", "swl.60000000"),
+                                      "-1", "3", "100", "60000000", "0", "00000000000123456"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
   // A test clock's `now`, no deadline.
@@ -172,10 +171,11 @@ TEST(EvalshaCommand, DualLayerArguments) {
   const rule r{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
   prepared_script p = prepared(r);
   command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
-  EXPECT_EQ(decode(c.text), (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
-                                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
-                                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"),
-                                                      "-1", "1", "10", "60000000", "0", "3", "60000000", "0", "-0000000000000001"}));
+  EXPECT_EQ(decode(c.text),
+            (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
+                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
+                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"), "-1", "1", "10",
+                                      "60000000", "0", "3", "60000000", "0", "-0000000000000001"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
   EXPECT_EQ(c.slot, key_slot("acme"));  // both keys carry the tenant's hash tag
 }
@@ -398,13 +398,27 @@ TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachChecksKindCostAndParameters) {
   b.add(evalsha_command(p1, one, {.rule = &one, .key = "k", .cost = 2}, "sluice:", -1, -1), p1.script, 1);
   b.add(evalsha_command(p2, two, {.rule = &two, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), p2.script, 2);
   EXPECT_EQ(b.checks, 2u);
-  EXPECT_EQ(decode(b.text(4242)),
-            (std::vector<std::string>{"EVALSHA", scripts()[batch_script].sha1, "3",
-                                      single_key("sluice:", "api", "k", "fw.60000000"),
-                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
-                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"), "-1", "4242",
-                                      std::to_string(p1.script), "2", "3", "60000000", "0",
-                                      std::to_string(p2.script), "1", "10", "60000000", "0", "3", "60000000", "0"}));
+  EXPECT_EQ(decode(b.text(4242)), (std::vector<std::string>{"EVALSHA",
+                                                            scripts()[batch_script].sha1,
+                                                            "3",
+                                                            single_key("sluice:", "api", "k", "fw.60000000"),
+                                                            tenant_key("sluice:", "d", "acme", "fw.60000000"),
+                                                            user_key("sluice:", "d", "acme", "bob", "fw.60000000"),
+                                                            "-1",
+                                                            "4242",
+                                                            std::to_string(p1.script),
+                                                            "2",
+                                                            "3",
+                                                            "60000000",
+                                                            "0",
+                                                            std::to_string(p2.script),
+                                                            "1",
+                                                            "10",
+                                                            "60000000",
+                                                            "0",
+                                                            "3",
+                                                            "60000000",
+                                                            "0"}));
 }
 
 TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
@@ -424,8 +438,10 @@ TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
   EXPECT_FALSE((*d)[2].allowed);
   EXPECT_EQ((*d)[2].retry_after, 30us);
   EXPECT_FALSE(parse_batch_reply(checks, *r.integers({1, 2, 0, 500, now_us})).ok());  // short
-  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, 1, now_us})).ok());
-  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({2, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us})).ok());
+  EXPECT_FALSE(
+      parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, 1, now_us})).ok());
+  EXPECT_FALSE(
+      parse_batch_reply(checks, *r.integers({2, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us})).ok());
   EXPECT_FALSE(parse_batch_reply(checks, *r.string("OK")).ok());
 }
 
