@@ -6,24 +6,32 @@
 namespace sluice::detail {
 namespace {
 
-// Shared by every script: `now` (µs, from TIME unless a test passes it), the cost and the deadline.
+// Shared by every script: `now` (µs, from TIME unless a test passes it) and the deadline.
 // The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
 // over maxmemory (OOM), so no script grows memory past the limit. Scripts replicate their effects,
 // so reading TIME before writing is allowed. A call that reaches Redis after its deadline (server
 // time, µs; -1 for none) answers {-1, now} and records nothing: its caller gave up on it already.
 // Every reply ends with `now`, from which the caller keeps its estimate of the server's clock.
-constexpr std::string_view prelude = R"lua(#!lua
+// `deadline_arg` is where the call carries its deadline (the last ARGV, or the batch's ARGV[2]).
+std::string time_and_deadline(std::string_view deadline_arg) {
+  std::string p = R"lua(#!lua
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local deadline = tonumber(ARGV[#ARGV])
+local deadline = tonumber()lua";
+  p += deadline_arg;
+  p += R"lua()
 if deadline >= 0 and now > deadline then
   return {-1, now}
 end
-local cost = tonumber(ARGV[2])
 )lua";
+  return p;
+}
+
+// What single-layer and dual-layer scripts start with: the above, and the cost.
+std::string prelude() { return time_and_deadline("ARGV[#ARGV]") + "local cost = tonumber(ARGV[2])\n"; }
 
 // Each algorithm is a body over (key, cost, its three parameters, commit) ending in
 //   return allowed (0/1), remaining, retry µs (-1: never), reset µs      (whole µs, rounded up)
@@ -255,18 +263,6 @@ return out
 // parameters (three per key); KEYS hold their keys in the same order. The reply is each check's
 // values as its own script returns them, without `now`, one after another, then `now`. On a cluster
 // its keys share one slot (Redis refuses others with CROSSSLOT), as a dual-layer check's two do.
-constexpr std::string_view batch_prelude = R"lua(#!lua
-local now = tonumber(ARGV[1])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local deadline = tonumber(ARGV[2])
-if deadline >= 0 and now > deadline then
-  return {-1, now}
-end
-)lua";
-
 constexpr std::string_view batch_main = R"lua(
 local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}
 local out, n, k, a = {}, 0, 1, 3
@@ -306,7 +302,7 @@ std::string as_function(const algorithm_lua& a) {
 // The body at top level: parameters from KEYS/ARGV, and each one-line `return a, b, c, d` turned
 // into `return {a, b, c, d, now}`.
 std::string single(const algorithm_lua& a) {
-  std::string body(prelude);
+  std::string body = prelude();
   body += "local key, commit = KEYS[1], true\nlocal ";
   body += a.params;
   body += " = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])";
@@ -332,7 +328,7 @@ std::string single(const algorithm_lua& a) {
 
 // Only the two algorithms of the pair are defined: fewer closures per call.
 std::string dual(const algorithm_lua& tenant, const algorithm_lua& user) {
-  std::string body(prelude);
+  std::string body = prelude();
   body += as_function(tenant);
   if (&tenant != &user) body += as_function(user);
   body += dual_lua;
@@ -345,7 +341,7 @@ std::string dual(const algorithm_lua& tenant, const algorithm_lua& user) {
 }
 
 std::string batch() {
-  std::string body(batch_prelude);
+  std::string body = time_and_deadline("ARGV[2]");
   for (const algorithm_lua* a : algorithms) body += as_function(*a);
   body += dual_lua;
   body += batch_main;
