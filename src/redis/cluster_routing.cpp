@@ -20,17 +20,6 @@
 #include "redis/slot.hpp"
 
 namespace sluice::detail {
-namespace {
-
-// The host part of a node's address, without an IPv6 address's brackets: what an empty host in its
-// replies stands for.
-std::string host_of(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  return host;
-}
-
-}  // namespace
 
 node* redis_core::node_at(const std::string& address) {
   if (auto it = nodes_.find(address); it != nodes_.end()) return it->second.get();

@@ -69,6 +69,12 @@ std::optional<std::string> host_of_node(const redisReply& n, std::string_view re
 
 }  // namespace
 
+std::string host_of(std::string_view address) {
+  std::string_view host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return std::string(host);
+}
+
 std::string node_address(std::string_view host, long long port, std::string_view replying_host) {
   if (host.empty()) host = replying_host;
   std::string a;

@@ -69,6 +69,10 @@ struct redirection {
 /// message is neither or is malformed (a slot out of range, no port).
 std::optional<redirection> parse_redirection(std::string_view message, std::string_view replying_host);
 
+/// The host of "host:port" (an IPv6 address without its brackets): what an empty host in the replies
+/// of the node at `address` stands for.
+std::string host_of(std::string_view address);
+
 /// "host:port", with an IPv6 host in brackets and an empty host replaced by `replying_host`.
 std::string node_address(std::string_view host, long long port, std::string_view replying_host);
 

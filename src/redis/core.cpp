@@ -446,8 +446,7 @@ bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg, bool a
   switch (kind) {
     case reply_error::moved:
     case reply_error::ask: {
-      const auto host = n.address.substr(0, n.address.rfind(':'));
-      auto to = parse_redirection(msg, host.starts_with('[') ? host.substr(1, host.size() - 2) : host);
+      auto to = parse_redirection(msg, host_of(n.address));
       node* target = to ? node_at(to->address) : nullptr;
       if (target == nullptr) return false;
       redirections_.fetch_add(1, std::memory_order_relaxed);

@@ -154,6 +154,12 @@ TEST(Redirection, MovedAndAsk) {
   }
 }
 
+TEST(HostOf, TheHostOfANodesAddress) {
+  EXPECT_EQ(host_of("10.0.0.4:7000"), "10.0.0.4");
+  EXPECT_EQ(host_of("[::1]:7000"), "::1");
+  EXPECT_EQ(host_of("db1.example:6380"), "db1.example");
+}
+
 TEST(ClassifyError, TheWordsAClusterAnswers) {
   EXPECT_EQ(classify_error("MOVED 1 a:1"), reply_error::moved);
   EXPECT_EQ(classify_error("ASK 1 a:1"), reply_error::ask);
