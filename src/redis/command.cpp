@@ -209,7 +209,7 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
 }
 
 void batch_builder::add(const command& c, std::size_t kind, int key_count) {
-  if (checks == 0) now.assign(c.text, c.keys_end, c.args_at - c.keys_end);
+  if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
   bulk(args, static_cast<std::int64_t>(kind));
   args.append(c.text, c.args_at, c.args_end - c.args_at);

@@ -60,6 +60,9 @@ struct command {
   std::size_t args_end = 0;
   std::size_t deadline_at = 0;  ///< Offset of the deadline's fixed-width digits (set_deadline).
   std::uint16_t slot = 0;       ///< The Redis Cluster slot of its keys (slot.hpp): they share one.
+
+  /// The `now` argument's bulk string (only checks of one `now` share a batch).
+  std::string_view now_argument() const { return std::string_view(text).substr(keys_end, args_at - keys_end); }
 };
 
 /// The EVALSHA of one check of `r`, prepared as `p`: the keys (keys.hpp) under `key_prefix`, then

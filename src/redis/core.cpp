@@ -26,17 +26,10 @@ struct redis_core::reply_box {
 
 namespace {
 
-// Whether two calls carry the same `now` (only those share a batch).
-bool same_now(const command& a, const command& b) {
-  return std::string_view(a.text).substr(a.keys_end, a.args_at - a.keys_end) ==
-         std::string_view(b.text).substr(b.keys_end, b.args_at - b.keys_end);
-}
-
 // The deadline on the node's clock: a call it runs later records nothing (scripts.cpp).
 std::int64_t node_deadline_us(const node& n, steady::time_point deadline, bool test_clock) {
   if (test_clock) return -1;
-  return n.clock.server_us_at(
-      std::chrono::duration_cast<std::chrono::microseconds>(deadline.time_since_epoch()).count());
+  return n.clock.server_us_at(server_clock::local_us(deadline));
 }
 
 }  // namespace
@@ -220,7 +213,7 @@ void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
     // Calls are in flight: this check waits for the ones arriving meanwhile, to go with them in one
     // call of the batch script, flushed once the handlers queued now have run (no timer). Only
     // checks of one `now` share a call (a test clock's may differ).
-    if (!n.batch.empty() && !same_now(n.batch.front()->call, o->call)) flush_batch(n);
+    if (!n.batch.empty() && n.batch.front()->call.now_argument() != o->call.now_argument()) flush_batch(n);
     n.batch.push_back(o);
     if (n.batch.size() >= options_.max_batch) return flush_batch(n);
     if (!n.flush_posted) {

@@ -10,7 +10,7 @@
 //
 //   detail::server_clock clock;
 //   clock.observe(reply_server_us, detail::server_clock::local_now_us());   // each reply
-//   std::int64_t deadline = clock.deadline_us(detail::server_clock::local_now_us(), timeout);
+//   std::int64_t deadline = clock.server_us_at(detail::server_clock::local_us(check_deadline));
 //
 // Thread-safe: observe() from one thread at a time (the backend's strand), the rest from any.
 #pragma once
@@ -28,11 +28,11 @@ class server_clock {
   /// offset_us() before the first observe().
   static constexpr std::int64_t unknown = std::numeric_limits<std::int64_t>::min();
 
-  /// Our steady clock in µs (what observe and deadline_us take as `local_us`).
-  static std::int64_t local_now_us() noexcept {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+  /// A time of our steady clock in µs (what observe and server_us_at take as `local_us`).
+  static std::int64_t local_us(std::chrono::steady_clock::time_point t) noexcept {
+    return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
   }
+  static std::int64_t local_now_us() noexcept { return local_us(std::chrono::steady_clock::now()); }
 
   /// A server time (µs) that was read no later than `local_us`.
   void observe(std::int64_t server_us, std::int64_t local_us) noexcept {
@@ -50,13 +50,8 @@ class server_clock {
   /// Server µs − local steady µs, a lower bound; `unknown` until a server time is observed.
   std::int64_t offset_us() const noexcept { return offset_us_.load(std::memory_order_relaxed); }
 
-  /// The latest server time (µs) at which a call made at `local_us` that waits at most `timeout`
-  /// may still be applied, or -1 (no deadline) while the offset is unknown.
-  std::int64_t deadline_us(std::int64_t local_us, std::chrono::milliseconds timeout) const noexcept {
-    return server_us_at(local_us + std::chrono::duration_cast<std::chrono::microseconds>(timeout).count());
-  }
-
-  /// The server time (µs, a lower bound) at local steady time `local_us`, or -1 while unknown.
+  /// The server time (µs, a lower bound) at local steady time `local_us`, or -1 while unknown: a
+  /// check's deadline moved into the server's time (a call applied later records nothing).
   std::int64_t server_us_at(std::int64_t local_us) const noexcept {
     const std::int64_t offset = offset_us();
     return offset == unknown ? -1 : local_us + offset;

@@ -17,10 +17,10 @@ constexpr std::int64_t local0 = 5'000'000'000;  // µs of our steady clock
 TEST(ServerClock, NoDeadlineUntilAnOffsetIsKnown) {
   server_clock c;
   EXPECT_EQ(c.offset_us(), server_clock::unknown);
-  EXPECT_EQ(c.deadline_us(local0, 50ms), -1);
+  EXPECT_EQ(c.server_us_at(local0 + 50'000), -1);
   c.observe(local0 + 1'000, local0);
   EXPECT_EQ(c.offset_us(), 1'000);
-  EXPECT_EQ(c.deadline_us(local0 + 10, 50ms), local0 + 10 + 50'000 + 1'000);
+  EXPECT_EQ(c.server_us_at(local0 + 10 + 50'000), local0 + 10 + 50'000 + 1'000);
 }
 
 // A reply's server time was read before it arrived: the latest samples bound the offset from below,
@@ -45,7 +45,7 @@ TEST(ServerClock, NegativeOffsetsAndTheLocalClock) {
   server_clock c;
   c.observe(1'000, local0);  // a server clock far behind ours
   EXPECT_EQ(c.offset_us(), 1'000 - local0);
-  EXPECT_EQ(c.deadline_us(local0, 1ms), 1'000 + 1'000);
+  EXPECT_EQ(c.server_us_at(local0 + 1'000), 1'000 + 1'000);
   const std::int64_t a = server_clock::local_now_us();
   const std::int64_t b = server_clock::local_now_us();
   EXPECT_LE(a, b);  // steady
