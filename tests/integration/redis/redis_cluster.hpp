@@ -82,8 +82,14 @@ class redis_cluster {
     return out;
   }
 
-  /// The node that serves `slot` now, as a live node sees it (CLUSTER SHARDS).
+  /// The node that serves `slot` now, as a live node sees it (CLUSTER SLOTS).
   redis_server& master_of(int slot) {
+    if (redis_server* m = find_master_of(slot)) return *m;
+    throw std::runtime_error("no master serves slot " + std::to_string(slot));
+  }
+
+  /// The same, or nullptr while no node is seen to serve it (during a failover's switch).
+  redis_server* find_master_of(int slot) {
     for (const auto& n : nodes_) {
       if (n->pid() <= 0) continue;
       auto r = n->command({"CLUSTER", "SLOTS"});
@@ -91,12 +97,12 @@ class redis_cluster {
         const redisReply* range = r->element[i];
         if (slot < range->element[0]->integer || slot > range->element[1]->integer) continue;
         for (const auto& m : nodes_) {
-          if (m->port() == range->element[2]->element[1]->integer) return *m;
+          if (m->port() == range->element[2]->element[1]->integer) return m.get();
         }
       }
       break;
     }
-    throw std::runtime_error("no master serves slot " + std::to_string(slot));
+    return nullptr;
   }
 
   /// A replica of `master`.

@@ -55,6 +55,25 @@ std::string single_key(const rule& r, const std::string& key) {
   return detail::single_key("sluice:", r.name, key, detail::state_tag(r.limit));
 }
 
+// A master, a key of `r` it serves, and a key of `r` another master serves.
+struct keys_apart {
+  redis_server* master = nullptr;
+  std::string on_master;
+  std::string elsewhere;
+};
+
+keys_apart keys_on_two_masters(redis_cluster& cluster, const rule& r) {
+  keys_apart out;
+  for (int i = 0; out.on_master.empty() || out.elsewhere.empty(); ++i) {
+    const std::string k = "key" + std::to_string(i);
+    redis_server& m = cluster.master_of(detail::key_slot(single_key(r, k)));
+    if (out.master == nullptr) out.master = &m;
+    if (&m == out.master && out.on_master.empty()) out.on_master = k;
+    if (&m != out.master && out.elsewhere.empty()) out.elsewhere = k;
+  }
+  return out;
+}
+
 class RedisClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -334,15 +353,7 @@ TEST_F(RedisClusterTest, AStalledMasterOpensOnlyItsOwnCircuit) {
   o.breaker_probe_interval = 50ms;
   auto b = make_cluster(o);
   const rule r{.name = "stall", .limit = fixed_window_policy(1'000'000, 1h)};
-  std::string stalled_key, other_key;
-  redis_server* stalled = nullptr;
-  for (int i = 0; stalled_key.empty() || other_key.empty(); ++i) {
-    const std::string k = "key" + std::to_string(i);
-    redis_server& m = cluster_->master_of(detail::key_slot(single_key(r, k)));
-    if (stalled == nullptr) stalled = &m;
-    if (&m == stalled && stalled_key.empty()) stalled_key = k;
-    if (&m != stalled && other_key.empty()) other_key = k;
-  }
+  const auto [stalled, stalled_key, other_key] = keys_on_two_masters(*cluster_, r);
   ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
   std::jthread sleeper([stalled] { stalled->command({"DEBUG", "SLEEP", "0.6"}); });
   // Wait (bounded) until the stalled master's circuit is open.
@@ -425,8 +436,8 @@ TEST_F(RedisClusterFailoverTest, ManualFailoverFailsNoCheck) {
   }
   ASSERT_EQ(answer, "OK");
   const auto give_up = steady::now() + 30s;
-  while (&cluster_->master_of(slot) != &replica && steady::now() < give_up) std::this_thread::sleep_for(20ms);
-  ASSERT_EQ(&cluster_->master_of(slot), &replica) << "the replica did not take over";
+  while (cluster_->find_master_of(slot) != &replica && steady::now() < give_up) std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(cluster_->find_master_of(slot), &replica) << "the replica did not take over";
   const int at_switch = checks.load();
   while (checks.load() < at_switch + 200 && checks.load() < 20'000) std::this_thread::yield();
   load.request_stop();
@@ -447,15 +458,7 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   auto b = make_cluster(o);
   const rule r{.name = "kill", .limit = fixed_window_policy(1'000'000, 1h)};
   // One key on the master to kill, one on another master.
-  std::string victim_key, other_key;
-  redis_server* victim = nullptr;
-  for (int i = 0; victim_key.empty() || other_key.empty(); ++i) {
-    const std::string k = "key" + std::to_string(i);
-    redis_server& m = cluster_->master_of(detail::key_slot(single_key(r, k)));
-    if (victim == nullptr) victim = &m;
-    if (&m == victim && victim_key.empty()) victim_key = k;
-    if (&m != victim && other_key.empty()) other_key = k;
-  }
+  const auto [victim, victim_key, other_key] = keys_on_two_masters(*cluster_, r);
   const int victim_slot = detail::key_slot(single_key(r, victim_key));
   redis_server& heir = cluster_->replica_of(*victim);
   ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = victim_key})).source, decision_source::limiter);
