@@ -3,6 +3,7 @@
 // that the server answering there is theirs, and retry.
 //
 //   int port = sluice::testing::free_port();
+//   bool bus = sluice::testing::port_free(port + 10000);
 //
 // Thread-safe.
 #pragma once
@@ -11,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <stdexcept>
 
 namespace sluice::testing {
@@ -29,6 +31,18 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   ::close(fd);
   return ntohs(a.sin_port);
+}
+
+/// True when `port` can be bound on 127.0.0.1 now (a cluster node needs its bus port, port + 10000).
+inline bool port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
 }
 
 }  // namespace sluice::testing

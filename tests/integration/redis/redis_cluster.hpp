@@ -27,6 +27,7 @@
 
 #include "integration/free_port.hpp"
 #include "integration/redis/redis_server.hpp"
+#include "integration/run_command.hpp"
 
 namespace sluice::testing {
 
@@ -53,7 +54,9 @@ class redis_cluster {
     std::vector<std::string> create = {"/usr/bin/redis-cli", "--cluster", "create"};
     for (const auto& n : nodes_) create.push_back(n->address());
     create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas_per_master), "--cluster-yes"});
-    if (run(create) != 0) throw std::runtime_error("redis-cli --cluster create failed");
+    if (const command_result r = run_command(create); r.exit_code != 0) {
+      throw std::runtime_error("redis-cli --cluster create failed: " + r.output);
+    }
     wait_healthy();
   }
 
@@ -144,34 +147,6 @@ class redis_cluster {
   static std::string info(redis_server& n, const std::string& section) { return n.string({"INFO", section}); }
 
  private:
-  static bool port_free(int port) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    return ok;
-  }
-
-  // Runs a command to its end (its output into /dev/null); its exit status.
-  static int run(std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error("fork failed");
-    if (pid == 0) {
-      std::freopen("/dev/null", "w", stdout);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
-
   std::vector<std::unique_ptr<redis_server>> nodes_;
 };
 
