@@ -15,8 +15,13 @@ namespace sluice::server {
 
 namespace {
 
-// Connections kept free for everything but clients (listener, Redis, config file, logs).
+// Descriptors kept free for everything but clients' sessions (listener, Redis, config file, logs,
+// and up to max_accepted_unstarted sockets on their way to a worker).
 constexpr rlim_t reserved_descriptors = 64;
+// A socket accepted and not yet started by its worker is not counted against the cap: at most this
+// many wait at once, so that workers lagging behind a burst of connections cannot make the acceptor
+// run the process out of descriptors.
+constexpr int max_accepted_unstarted = 16;
 // After accept fails for want of descriptors, wait this long before accepting again.
 constexpr auto accept_backoff = std::chrono::milliseconds(100);
 
@@ -125,9 +130,10 @@ std::string service::endpoint_text(const tcp::endpoint& e) {
   return a + ":" + std::to_string(e.port());
 }
 
-// Accepts on the control thread; the session is made on its worker's thread. When descriptors
-// run out, accepting pauses for accept_backoff (the kernel's backlog holds new connections
-// meanwhile) and the failure is logged once per interval with its count.
+// Accepts on the control thread; the session is made on its worker's thread. Accepting pauses
+// (the kernel's backlog holds new connections meanwhile) while max_accepted_unstarted sockets wait
+// for their worker, until one is started; and for accept_backoff when descriptors run out anyway,
+// the failure logged once per interval with its count.
 void service::do_accept() {
   worker& target = *workers_[next_++ % workers_.size()];
   acceptor_.async_accept(
@@ -144,9 +150,15 @@ void service::do_accept() {
           }
         } else {
           socket.set_option(tcp::no_delay(true), ec);
+          // Counted before the post, so that the worker's decrement always follows it.
+          const bool full = accepted_unstarted_.fetch_add(1) + 1 == max_accepted_unstarted;
           asio::post(target.io, [this, &target, socket = std::move(socket)]() mutable {
             std::make_shared<session>(std::move(socket), *this, target)->start(max_open_per_worker_);
+            if (accepted_unstarted_.fetch_sub(1) == max_accepted_unstarted) {
+              asio::post(ioc_, [this] { do_accept(); });  // the acceptor paused for this start
+            }
           });
+          if (full) return;
         }
         do_accept();
       });

@@ -153,7 +153,8 @@ class service {
   std::atomic<bool> draining_{false};
   std::atomic<int> workers_to_drain_{0};
   steady::time_point drain_deadline_;
-  std::size_t next_ = 0;
+  std::size_t next_ = 0;                    // the worker the next accepted connection goes to
+  std::atomic<int> accepted_unstarted_{0};  // posted to a worker, not yet started (see do_accept)
   // Last: its thread posts to ioc_ and calls into this service until it is joined.
   std::unique_ptr<etcd_source> etcd_;
 };

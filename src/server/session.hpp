@@ -87,7 +87,11 @@ class session : public std::enable_shared_from_this<session> {
 
   bool waiting() const { return waiting_; }
   std::int64_t waiting_since() const { return waiting_since_ns_; }
+  // Closes this waiting connection to make room for a new one. It no longer counts as waiting, so
+  // that the next connection over the cap sheds another one, not this one again (its session lives
+  // on until its aborted read completes).
   void shed() {
+    waiting_ = false;
     beast::error_code ec;
     socket_.close(ec);
   }

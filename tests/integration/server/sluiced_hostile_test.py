@@ -243,7 +243,9 @@ class Connections(HostileTest):
                 c.close()
         log = s.log_text()
         self.assertIn("event=connection_limit max_connections=192", log)
-        self.assertLessEqual(log.count("event=accept_failed"), 2, "accept failures are logged once per interval")
+        # Sessions stay under the cap and sockets on their way to a worker are bounded: the
+        # descriptors kept in reserve are never needed, so accepting never fails.
+        self.assertNotIn("event=accept_failed", log)
 
 
 class KeyFloods(HostileTest):
