@@ -15,9 +15,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "sluice/decision.hpp"
 #include "sluice/error.hpp"
@@ -79,6 +81,19 @@ enum class failure_policy : std::uint8_t {
 
 using check_handler = std::function<void(result<decision>)>;
 
+/// Most checks one check_all() decides together.
+inline constexpr std::size_t max_checks_per_call = 64;
+
+/// Validates the checks of one check_all(): 1 to max_checks_per_call of them, each valid as a check
+/// (validate) but for a cost above its rule's capacity, single-layer, and no rule and key twice.
+result<void> validate_all(std::span<const check_request> checks);
+
+/// Whether `req`'s cost is above what its rule can ever admit (validate_cost's cost_exceeds_burst).
+bool exceeds_capacity(const check_request& req) noexcept;
+
+/// The decisions of a check_all(), in the order of its checks.
+using check_all_handler = std::function<void(result<std::vector<decision>>)>;
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -106,6 +121,19 @@ class backend {
   /// As check(), completing through `handler` (possibly inline, possibly on another thread).
   /// Never blocks the calling thread on I/O.
   virtual void async_check(const check_request& req, check_handler handler) = 0;
+
+  /// Decides several single-layer checks as one (an Envoy request's descriptors): when every one
+  /// admits, all are recorded; when any refuses, none is, so a refused request consumes nothing.
+  /// A check whose cost its rule can never admit (exceeds_capacity) is refused with retry_after
+  /// `never`, and the others are then only looked at. Each decision reports its key as it stands
+  /// after the call (one that would have admitted but recorded nothing: its unchanged state).
+  /// Errors: what validate_all refuses (nothing recorded); a backend failure follows its on_error
+  /// for every check.
+  virtual result<std::vector<decision>> check_all(std::span<const check_request> checks) = 0;
+
+  /// As check_all(), completing through `handler`; `checks` and their views must stay valid until
+  /// it runs.
+  virtual void async_check_all(std::span<const check_request> checks, check_all_handler handler) = 0;
 
   /// True when the backend can currently answer (for readiness probes).
   virtual bool ready() = 0;

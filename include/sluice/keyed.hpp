@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 #include "sluice/clock.hpp"
@@ -80,6 +81,21 @@ class keyed_limiter {
                                            std::string_view user, time_point now, std::int64_t cost = 1,
                                            const key_limits* tenant_limits = nullptr,
                                            const key_limits* user_limits = nullptr);
+
+  /// One check of try_acquire_all.
+  struct keyed_check {
+    keyed_limiter* limiter = nullptr;
+    std::string_view key;
+    std::int64_t cost = 1;
+    const key_limits* limits = nullptr;  ///< An override's, or none.
+  };
+  /// Keys of one or several limiters, all or nothing (backend::check_all): `out[i]` is checks[i]'s
+  /// decision, whether it alone would admit; all record only when all would. Every key's shard is
+  /// locked at once, in address order. A cost above its limiter's capacity is refused (`never`) and
+  /// the call then records nothing. Errors (nothing recorded): an empty or over-long key, a cost
+  /// <= 0, `out` of another size, a new key the table refuses (when_full::refuse), or, at the key
+  /// cap, new keys of the call evicting one another. No key of one limiter twice.
+  static result<void> try_acquire_all(std::span<const keyed_check> checks, time_point now, std::span<decision> out);
 
   const sluice::policy& policy() const noexcept;
   /// Entries held (idle ones included until dropped).

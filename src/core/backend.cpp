@@ -31,4 +31,29 @@ result<void> validate(const check_request& req) {
   return validate_key(req.key, "key");
 }
 
+bool exceeds_capacity(const check_request& req) noexcept {
+  if (req.rule == nullptr || req.rule->is_dual_layer()) return false;
+  auto v = validate_cost(req.rule->limit, req.cost);
+  return !v && v.error().code == errc::cost_exceeds_burst;
+}
+
+result<void> validate_all(std::span<const check_request> checks) {
+  if (checks.empty()) return {errc::invalid_argument, "check_all needs at least one check"};
+  if (checks.size() > max_checks_per_call) {
+    return {errc::invalid_argument, "check_all takes at most " + std::to_string(max_checks_per_call) + " checks, got " +
+                                        std::to_string(checks.size())};
+  }
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const check_request& c = checks[i];
+    if (c.rule != nullptr && c.rule->is_dual_layer())
+      return {errc::invalid_argument, "check_all takes single-layer rules; '" + c.rule->name + "' is dual-layer"};
+    if (auto v = validate(c); !v && !exceeds_capacity(c)) return v;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (checks[j].rule->name == c.rule->name && checks[j].key == c.key)
+        return {errc::invalid_argument, "check_all: rule '" + c.rule->name + "' and one key are checked twice"};
+    }
+  }
+  return {};
+}
+
 }  // namespace sluice

@@ -1,7 +1,11 @@
 #include "sluice/keyed.hpp"
 
+#include <algorithm>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "keyed/keyed_table.hpp"
 #include "sluice/limiter_state.hpp"
@@ -143,6 +147,86 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
             });
       },
       *tenants.impl_->table, *users.impl_->table);
+}
+
+result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks, time_point now,
+                                            std::span<decision> out) {
+  if (out.size() != checks.size()) return {errc::invalid_argument, "one decision per check"};
+  for (const keyed_check& c : checks) {
+    if (c.key.empty()) return {errc::invalid_argument, "key must not be empty"};
+    if (auto v = validate_key(c.key); !v) return v.error();
+    if (c.cost <= 0) return {errc::invalid_argument, "cost must be > 0, got " + std::to_string(c.cost)};
+  }
+  const std::int64_t now_ns = to_ns(now);
+  std::vector<std::variant<bucket_table::place, window_table::place>> places(checks.size());
+  std::vector<std::mutex*> locks;
+  locks.reserve(checks.size());
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    std::visit(
+        [&](auto& table) {
+          auto p = table.locate(checks[i].key);
+          locks.push_back(&p.mutex());
+          places[i] = p;
+        },
+        *checks[i].limiter->impl_->table);
+  }
+  // One lock order for every caller: no deadlock between calls sharing shards.
+  std::sort(locks.begin(), locks.end());
+  locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
+  for (std::mutex* m : locks) m->lock();
+  struct unlock_all {
+    std::vector<std::mutex*>& held;
+    ~unlock_all() {
+      for (auto it = held.rbegin(); it != held.rend(); ++it) (*it)->unlock();
+    }
+  } unlock{locks};
+
+  // Each entry is found (or made) right before it is used: making one may move, or drop as idle,
+  // others of its shard. A fresh entry dropped as idle comes back the same. Only at the key cap can
+  // a sibling's insertion take an entry between its look and its record: evicted, it records on a
+  // fresh entry (as a key evicted between two calls would); refused (when_full::refuse), it goes
+  // unrecorded.
+  bool all_admit = true;
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const keyed_check& c = checks[i];
+    const sluice::policy& p = c.limits ? c.limits->policy : c.limiter->impl_->policy;
+    auto v = validate_cost(p, c.cost);
+    const bool never_admitted = !v && v.error().code == errc::cost_exceeds_burst;
+    std::optional<decision> d = std::visit(
+        [&](auto& table) -> std::optional<decision> {
+          using table_type = std::decay_t<decltype(table)>;
+          const auto& pl = std::get<typename table_type::place>(places[i]);
+          auto* s = table.entry_at(pl, c.key, now_ns);
+          if (s == nullptr) return std::nullopt;
+          if (!never_admitted) return s->evaluate(params_of(pl.params(), c.limits), now_ns, c.cost);
+          // Looked at with the least cost, and refused: no wait admits this one.
+          decision looked = s->evaluate(params_of(pl.params(), c.limits), now_ns, 1);
+          if (looked.allowed) looked.remaining += 1;
+          looked.allowed = false;
+          looked.retry_after = never;
+          return looked;
+        },
+        *c.limiter->impl_->table);
+    if (!d) return bucket_table::full_error();
+    out[i] = *d;
+    all_admit = all_admit && d->allowed;
+  }
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    if (!all_admit) {
+      // It would have admitted, and records nothing: its state is as before the call.
+      if (out[i].allowed) out[i].remaining += checks[i].cost;
+      continue;
+    }
+    std::visit(
+        [&](auto& table) {
+          using table_type = std::decay_t<decltype(table)>;
+          const auto& pl = std::get<typename table_type::place>(places[i]);
+          if (auto* s = table.entry_at(pl, checks[i].key, now_ns))
+            s->commit(params_of(pl.params(), checks[i].limits), now_ns, checks[i].cost);
+        },
+        *checks[i].limiter->impl_->table);
+  }
+  return {};
 }
 
 const policy& keyed_limiter::policy() const noexcept { return impl_->policy; }

@@ -141,6 +141,8 @@ struct huge_page_allocator {
 
 template <class State, class Params>
 class keyed_table {
+  struct shard;  // below
+
  public:
   using state_type = State;
   using params_type = Params;
@@ -204,6 +206,28 @@ class keyed_table {
     return second.with_entry(k2, now, [&](auto& e2, const auto& p2) { return fn(*e1, s1.params, e2, p2); });
   }
 
+  /// For a check over several entries at once (keyed_limiter::try_acquire_all), which locks their
+  /// shards itself, in address order: where `key` lives, and with that shard's mutex held, its
+  /// entry and parameters.
+  struct place {
+    shard* where = nullptr;
+    std::uint64_t hash = 0;
+    std::mutex& mutex() const noexcept { return where->mutex; }
+    const Params& params() const noexcept { return where->params; }
+  };
+  place locate(std::string_view key) noexcept {
+    const std::uint64_t h = hash(key);
+    return {&shard_for(h), h};
+  }
+  /// The entry, made if new (which may move the shard's others, or drop idle ones); nullptr when
+  /// the table refuses it.
+  State* entry_at(const place& p, std::string_view key, std::int64_t now) {
+    return find_or_insert(*p.where, key, p.hash, now);
+  }
+  static error full_error() {
+    return {errc::capacity_exhausted, "the limiter holds its maximum number of keys, all in use: new keys are refused"};
+  }
+
   /// What happened at the key cap so far.
   key_cap_stats stats() const {
     key_cap_stats c;
@@ -253,10 +277,6 @@ class keyed_table {
     std::size_t inserts_since_sweep = 0;
     key_cap_stats counts;
   };
-
-  static error full_error() {
-    return {errc::capacity_exhausted, "the limiter holds its maximum number of keys, all in use: new keys are refused"};
-  }
 
   // Keys come from outside: a secret per-table key keeps chosen-collision floods out.
   static sip_key random_sip_key() {

@@ -118,6 +118,31 @@ class memory_backend_impl final : public memory_backend {
 
   void async_check(const check_request& req, check_handler handler) override { handler(check(req)); }
 
+  result<std::vector<decision>> check_all(std::span<const check_request> checks) override {
+    if (auto v = validate_all(checks); !v) return v.error();
+    std::vector<keyed_limiter::keyed_check> keyed(checks.size());
+    std::vector<std::shared_ptr<rule_state>> held;  // the states of rules checked unprepared
+    for (std::size_t i = 0; i < checks.size(); ++i) {
+      const check_request& c = checks[i];
+      if (c.prepared != nullptr && c.prepared->owner() == this) {
+        const auto& p = *static_cast<const memory_prepared_rule*>(c.prepared);
+        keyed[i] = {p.state->limiter.get(), c.key, c.cost, p.limits ? &*p.limits : nullptr};
+        continue;
+      }
+      auto state = state_for(*c.rule);
+      if (!state) return state.error();
+      held.push_back(std::move(*state));
+      keyed[i] = {held.back()->limiter.get(), c.key, c.cost, nullptr};
+    }
+    std::vector<decision> out(checks.size());
+    if (auto r = keyed_limiter::try_acquire_all(keyed, options_.clock->now(), out); !r) return r.error();
+    return out;
+  }
+
+  void async_check_all(std::span<const check_request> checks, check_all_handler handler) override {
+    handler(check_all(checks));
+  }
+
   bool ready() override { return true; }
   bool completes_inline() const noexcept override { return true; }
 

@@ -234,6 +234,37 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
   return out;
 }
 
+command all_command(const std::vector<command>& checks, const std::vector<std::size_t>& scripts_of, bool record) {
+  command cmd;
+  std::string& c = cmd.text;
+  c += '*';
+  c += std::to_string(3 + checks.size() + 3 + 5 * checks.size());
+  c += "\r\n";
+  cmd.header = c.size();
+  bulk(c, "EVALSHA");
+  bulk(c, scripts()[all_script].sha1);
+  cmd.rest = c.size();
+  bulk(c, static_cast<std::int64_t>(checks.size()));
+  cmd.keys_at = c.size();
+  for (const command& k : checks) c.append(k.text, k.keys_at, k.keys_end - k.keys_at);
+  cmd.keys_end = c.size();
+  c += checks.front().now_argument();
+  c += "$17\r\n";
+  cmd.deadline_at = c.size();
+  c.append(deadline_width, '0');
+  c += "\r\n";
+  bulk(c, record ? "1" : "0");
+  cmd.args_at = c.size();
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    bulk(c, static_cast<std::int64_t>(scripts_of[i]));
+    c.append(checks[i].text, checks[i].args_at, checks[i].args_end - checks[i].args_at);
+  }
+  cmd.args_end = c.size();
+  cmd.slot = checks.front().slot;
+  set_deadline(cmd, -1);
+  return cmd;
+}
+
 result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
                                                 const redisReply& r) {
   std::size_t expected = 1;

@@ -105,6 +105,12 @@ struct batch_builder {
 /// another type or length, a non-integer value, an `allowed` not 0 or 1.
 result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks, const redisReply& r);
 
+/// The checks of one check_all() (one slot's, on a cluster) as one call of the all-or-nothing
+/// script (scripts.cpp), built from their own commands: check i of a single-layer rule whose script
+/// is `scripts[i]`. With `record` false the script only looks. Its deadline is set as any
+/// command's (set_deadline); its slot is the first check's (they share one).
+command all_command(const std::vector<command>& checks, const std::vector<std::size_t>& scripts, bool record);
+
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.
 const std::string& oom_probe_command();

@@ -145,6 +145,74 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
   asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
 }
 
+std::size_t op::script() const { return all ? all_script : rule->call.script; }
+
+// Each check prepared (as async_check does), its command built; then one op per slot (one on a
+// single Redis), each deciding its checks as one.
+void redis_core::async_check_all(std::span<const check_request> checks, const backend* owner,
+                                 check_all_handler handler) {
+  if (auto v = validate_all(checks); !v) return handler(v.error());
+  auto call = std::make_shared<all_call>();
+  call->reqs.assign(checks.begin(), checks.end());
+  call->handler = std::move(handler);
+  call->out.resize(checks.size());
+  bool record = true;
+  for (const check_request& req : checks) {
+    if (req.prepared != nullptr && req.prepared->owner() == owner) {
+      call->rules.push_back(static_cast<const redis_prepared_rule*>(req.prepared));
+    } else {
+      auto p = prepare_script(*req.rule, owner);
+      if (!p) return call->handler(p.error());
+      call->made.push_back(std::move(*p));
+      call->rules.push_back(call->made.back().get());
+    }
+    call->never.push_back(exceeds_capacity(req));
+    record = record && !call->never.back();
+  }
+  const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
+  std::vector<command> commands;
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    check_request req = checks[i];
+    if (call->never[i]) req.cost = 1;
+    const redis_prepared_rule& r = *call->rules[i];
+    commands.push_back(evalsha_command(r.call, r.definition(), req, options_.key_prefix, now, -1));
+  }
+  // The parts, by slot in the order of their first check (a single Redis: slot 0 for all).
+  std::vector<std::vector<std::size_t>> parts;
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    auto same_slot = [&](const std::vector<std::size_t>& p) {
+      return !cluster_ || commands[p.front()].slot == commands[i].slot;
+    };
+    auto it = std::find_if(parts.begin(), parts.end(), same_slot);
+    if (it == parts.end()) {
+      parts.push_back({i});
+    } else {
+      it->push_back(i);
+    }
+  }
+  call->parts_left = parts.size();
+  checks_.fetch_add(checks.size(), std::memory_order_relaxed);
+  for (auto& part : parts) {
+    auto o = std::make_shared<op>();
+    o->all = call;
+    o->alone = true;
+    std::vector<command> mine;
+    std::vector<std::size_t> scripts_of;
+    for (std::size_t i : part) {
+      mine.push_back(std::move(commands[i]));
+      scripts_of.push_back(call->rules[i]->call.script);
+    }
+    o->call = all_command(mine, scripts_of, record);
+    o->part = std::move(part);
+    if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
+      overloaded_.fetch_add(1, std::memory_order_relaxed);
+      complete_part(o, part_failure(*o));
+      continue;
+    }
+    asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+  }
+}
+
 redis_backend_stats redis_core::stats() const {
   redis_backend_stats s;
   s.checks = checks_.load(std::memory_order_relaxed);
@@ -234,7 +302,7 @@ void redis_core::send_one(node& n, const op_ptr& o, bool asking) {
   const std::string* text = &o->call.text;
   if (o->eval) {
     // EVAL with the script's body instead of EVALSHA with its hash; the rest is the same.
-    eval = eval_command(o->call, scripts()[o->rule->call.script].body);
+    eval = eval_command(o->call, scripts()[o->script()].body);
     text = &eval;
   }
   static const std::string asking_command = "*1\r\n$6\r\nASKING\r\n";
@@ -407,6 +475,16 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool 
   if (is_expired_reply(*reply)) {
     return fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
   }
+  if (o->all) {
+    std::vector<const prepared_script*> calls;
+    for (std::size_t i : o->part) calls.push_back(&o->all->rules[i]->call);
+    auto decisions = parse_batch_reply(calls, *reply);
+    if (!decisions) return fail(o, errc::backend_protocol, decisions.error().message);
+    redis_decisions_.fetch_add(o->part.size(), std::memory_order_relaxed);
+    complete_part(o, std::move(decisions));
+    trim_inflight();
+    return;
+  }
   auto d = parse_reply(o->rule->call, *reply);
   if (!d) return fail(o, errc::backend_protocol, d.error().message);
   redis_decisions_.fetch_add(1, std::memory_order_relaxed);
@@ -490,7 +568,63 @@ void redis_core::fail(const op_ptr& o, errc code, std::string_view why) {
       spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", why, n);
     }
   }
+  if (o->all) return complete_part(o, part_failure(*o));
   complete(o, failure_decision(o->req, *o->rule));
+}
+
+// A part's decisions go into the call's; the last part to finish answers the call. Thread-safe.
+void redis_core::complete_part(const op_ptr& o, result<std::vector<decision>> r) {
+  o->done = true;
+  pending_.fetch_sub(1, std::memory_order_relaxed);
+  all_call& call = *o->all;
+  check_all_handler h;
+  {
+    std::lock_guard lock(call.mutex);
+    if (!r) {
+      if (!call.failed) call.failed = r.error();
+    } else {
+      for (std::size_t k = 0; k < o->part.size(); ++k) {
+        decision d = (*r)[k];
+        const std::size_t i = o->part[k];
+        if (call.never[i] && d.source == decision_source::limiter) {
+          d.allowed = false;  // looked at with cost 1: no wait admits its own cost
+          d.retry_after = never;
+        }
+        call.out[i] = d;
+      }
+    }
+    if (--call.parts_left != 0) return;
+    h = std::move(call.handler);
+  }
+  if (call.failed) return h(*call.failed);
+  h(std::move(call.out));
+}
+
+// What on_error decides for a part Redis could not answer: the local fallback decides its checks as
+// one, as Redis would have. Thread-safe.
+result<std::vector<decision>> redis_core::part_failure(const op& o) {
+  const all_call& call = *o.all;
+  if (options_.on_error == failure_policy::local) {
+    std::vector<check_request> local;
+    for (std::size_t i : o.part) {
+      check_request r = call.reqs[i];
+      r.prepared = call.rules[i]->local.get();
+      local.push_back(r);
+    }
+    local_fallback_.fetch_add(o.part.size(), std::memory_order_relaxed);
+    auto l = local_->check_all(local);
+    if (l) {
+      for (decision& d : *l) d.source = decision_source::local_fallback;
+    }
+    return l;
+  }
+  std::vector<decision> out;
+  for (std::size_t i : o.part) {
+    auto d = failure_decision(call.reqs[i], *call.rules[i]);
+    if (!d) return d.error();
+    out.push_back(*d);
+  }
+  return out;
 }
 
 // What on_error decides for a check Redis could not answer. Thread-safe.

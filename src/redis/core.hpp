@@ -28,6 +28,9 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -57,7 +60,22 @@ struct redis_prepared_rule final : prepared_rule {
 
 struct node;
 
-/// One check on its way through the backend.
+/// One check_all(), shared by its ops (one per slot on a cluster, one on a single Redis): each
+/// decides its part of the checks in one call of the all-or-nothing script, and the last to finish
+/// calls the handler.
+struct all_call {
+  std::vector<check_request> reqs;  // the caller's: views valid until the handler runs
+  std::vector<const redis_prepared_rule*> rules;
+  std::vector<std::shared_ptr<const redis_prepared_rule>> made;  // prepared for this call alone
+  std::vector<bool> never;  // a cost its rule never admits: looked at with cost 1, and refused
+  check_all_handler handler;
+  std::mutex mutex;
+  std::vector<decision> out;    // guarded by mutex
+  std::optional<error> failed;  // guarded by mutex
+  std::size_t parts_left = 0;   // guarded by mutex
+};
+
+/// One check (or one part of a check_all) on its way through the backend.
 struct op {
   check_request req;                                // views valid until the handler runs
   const redis_prepared_rule* rule = nullptr;        // the caller's (valid as the views), or `made`
@@ -69,8 +87,12 @@ struct op {
   int redirects = 0;        // MOVED, ASK, READONLY so far (at most max_redirects)
   int retries = 0;          // TRYAGAIN, CLUSTERDOWN so far (as many as its deadline allows)
   bool done = false;
-  bool eval = false;   // sent as EVAL since a node said NOSCRIPT
-  bool alone = false;  // never batched again: its batch was refused whole (a redirection)
+  bool eval = false;              // sent as EVAL since a node said NOSCRIPT
+  bool alone = false;             // never batched again: its batch was refused whole (a redirection)
+  std::shared_ptr<all_call> all;  // a part of a check_all: then `req`, `rule` and `handler` are unused
+  std::vector<std::size_t> part;  // the indices of its checks in all->reqs
+
+  std::size_t script() const;  // the index of the script it calls
 };
 
 using op_ptr = std::shared_ptr<op>;
@@ -119,6 +141,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
   result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner) const;
   void async_check(const check_request& req, const backend* owner, check_handler handler);
+  void async_check_all(std::span<const check_request> checks, const backend* owner, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return cluster_; }
   redis_backend_stats stats() const;
@@ -145,6 +168,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
   void complete(const op_ptr& o, result<decision> r);
+  void complete_part(const op_ptr& o, result<std::vector<decision>> r);
+  result<std::vector<decision>> part_failure(const op& o);
   void fail(const op_ptr& o, errc code, std::string_view why);
   result<decision> failure_decision(const check_request& req, const redis_prepared_rule& prepared);
   void trim_inflight();

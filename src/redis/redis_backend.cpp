@@ -55,6 +55,21 @@ class redis_backend_impl final : public redis_backend {
     core_->async_check(req, this, std::move(handler));
   }
 
+  result<std::vector<decision>> check_all(std::span<const check_request> checks) override {
+    if (core_->on_io_thread()) {
+      return {errc::invalid_argument,
+              "check_all() blocks and was called on the Redis backend's io thread; use async_check_all"};
+    }
+    auto p = std::make_shared<std::promise<result<std::vector<decision>>>>();
+    auto f = p->get_future();
+    core_->async_check_all(checks, this, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
+    return f.get();
+  }
+
+  void async_check_all(std::span<const check_request> checks, check_all_handler handler) override {
+    core_->async_check_all(checks, this, std::move(handler));
+  }
+
   result<prepared_rule_ptr> prepare(const rule& r) override {
     auto p = core_->prepare(r, this);
     if (!p) return p.error();

@@ -285,6 +285,35 @@ out[n + 1] = now
 return out
 )lua";
 
+// Single-layer checks all or nothing (backend::check_all): each is first only looked at; when
+// every one would admit (and ARGV[3] is 1), each is recorded, and its figures are as it stands
+// after; otherwise none is, and one that would have admitted reports its unchanged state (+ cost).
+// ARGV[1] = now, ARGV[2] = deadline, ARGV[3] = 1 to record, 0 to only look (the caller found a
+// cost that no wait admits), then per check its algorithm's index, cost and three parameters;
+// KEYS[i] is check i's key. The reply is each check's four values, then `now`. On a cluster its
+// keys share one slot.
+constexpr std::string_view all_main = R"lua(
+local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}
+local n = (#ARGV - 3) / 5
+local out, all = {}, ARGV[3] == '1'
+for i = 1, n do
+  local a = 4 + (i - 1) * 5
+  local al, r, w, z = fs[tonumber(ARGV[a]) + 1](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), false)
+  out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = al, r, w, z
+  if al == 0 then all = false end
+end
+for i = 1, n do
+  local a = 4 + (i - 1) * 5
+  if all then
+    out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = fs[tonumber(ARGV[a]) + 1](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), true)
+  elseif out[4 * i - 3] == 1 then
+    out[4 * i - 2] = out[4 * i - 2] + tonumber(ARGV[a + 1])
+  end
+end
+out[4 * n + 1] = now
+return out
+)lua";
+
 constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,
                                                               &sliding_window_counter_lua, &fixed_window_lua};
 
@@ -348,6 +377,13 @@ std::string batch() {
   return body;
 }
 
+std::string all_or_nothing() {
+  std::string body = time_and_deadline("ARGV[2]");
+  for (const algorithm_lua* a : algorithms) body += as_function(*a);
+  body += all_main;
+  return body;
+}
+
 script make(std::string name, std::string body) {
   std::string sha = sha1_hex(body);
   return {std::move(name), std::move(body), std::move(sha)};
@@ -377,6 +413,7 @@ const std::array<script, script_count>& scripts() {
       }
     }
     out[batch_script] = make("batch", batch());
+    out[all_script] = make("all", all_or_nothing());
     return out;
   }();
   return all;

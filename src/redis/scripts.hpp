@@ -12,7 +12,8 @@
 // each layer's figures as it stands after the check:
 // {tenant allowed, remaining, retry µs, reset µs, user allowed, remaining, retry µs, reset µs};
 // the check is admitted when both layers admit (see combine_layers). A retry_after of -1 means "never".
-// The batch script decides many checks of any rules in one call (its layout in scripts.cpp).
+// The batch script decides many checks of any rules in one call, the all-or-nothing script the
+// checks of one check_all() (their layouts in scripts.cpp).
 //
 // Thread-safe: constants.
 #pragma once
@@ -27,10 +28,12 @@
 namespace sluice::detail {
 
 inline constexpr std::size_t algorithm_count = 4;
-/// 4 single-layer scripts, 16 dual-layer ones, then the batch script.
-inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count + 1;
+/// 4 single-layer scripts, 16 dual-layer ones, then the batch script and the all-or-nothing one.
+inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count + 2;
 /// The script that decides many checks in one call.
-inline constexpr std::size_t batch_script = script_count - 1;
+inline constexpr std::size_t batch_script = script_count - 2;
+/// The script that decides the single-layer checks of one check_all() as one.
+inline constexpr std::size_t all_script = script_count - 1;
 
 struct script {
   std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".

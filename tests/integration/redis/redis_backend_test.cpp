@@ -27,6 +27,7 @@
 #include "sluice/asio.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
+#include "unit/keyed/check_all_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -131,6 +132,11 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   // The walk exercised both outcomes.
   EXPECT_GT(allowed, 10) << r.name;
   EXPECT_GT(refused, 10) << r.name;
+}
+
+TEST_F(RedisBackendTest, CheckAllIsAllOrNothing) {
+  auto b = make();
+  testing::expect_check_all_semantics(*b, clock_);
 }
 
 TEST_F(RedisBackendTest, TokenBucketMatchesInProcess) {

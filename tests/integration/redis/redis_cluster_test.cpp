@@ -180,6 +180,39 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
   EXPECT_TRUE(on_cluster->ready());
 }
 
+// A check_all's checks are decided as one per slot (Redis runs a script on one slot's keys): one
+// slot's refusal consumes nothing there, while another slot's checks are recorded.
+TEST_F(RedisClusterTest, CheckAllIsAllOrNothingPerSlot) {
+  auto b = make_cluster();
+  const rule strict{.name = "strict", .limit = fixed_window_policy(1, 60s)};
+  const rule loose{.name = "loose", .limit = fixed_window_policy(5, 60s)};
+  const redis_options defaults;
+  auto slot_of = [&](const rule& r, const std::string& key) {
+    return detail::key_slot(detail::single_key(defaults.key_prefix, r.name, key, detail::state_tag(r.limit)));
+  };
+  const std::uint16_t strict_slot = slot_of(strict, "k");
+  std::string same, other;  // loose keys in strict's slot, and in another
+  for (int i = 0; same.empty() || other.empty(); ++i) {
+    const std::string k = "k" + std::to_string(i);
+    (slot_of(loose, k) == strict_slot ? same : other) = k;
+  }
+  std::vector<check_request> checks{{.rule = &strict, .key = "k"}, {.rule = &loose, .key = other}};
+  auto first = b->check_all(checks).value();
+  EXPECT_TRUE(first[0].allowed && first[1].allowed);
+  EXPECT_EQ(first[1].remaining, 4);
+
+  checks.push_back({.rule = &loose, .key = same});
+  auto second = b->check_all(checks).value();
+  EXPECT_FALSE(second[0].allowed);
+  EXPECT_TRUE(second[1].allowed);
+  EXPECT_EQ(second[1].remaining, 3) << "another slot: recorded";
+  EXPECT_TRUE(second[2].allowed);
+  EXPECT_EQ(second[2].remaining, 5) << "strict's slot: nothing recorded";
+  EXPECT_EQ(b->check({.rule = &loose, .key = same}).value().remaining, 4);
+  EXPECT_EQ(b->check({.rule = &loose, .key = other}).value().remaining, 2);
+  EXPECT_EQ(b->stats().protocol_errors + b->stats().unavailable, 0u);
+}
+
 // A dual-layer rule's two keys carry the tenant's hash tag, encoded so that no id can open or close
 // it: they share a slot for every tenant id, and each check is one script run, all or nothing.
 TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {

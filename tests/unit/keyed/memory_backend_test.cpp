@@ -6,6 +6,7 @@
 #include <string>
 
 #include "sluice/testing/simulated_clock.hpp"
+#include "unit/keyed/check_all_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -45,6 +46,27 @@ TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
   rule other{.name = "other", .limit = api_.limit};
   EXPECT_TRUE(backend_->check({.rule = &other, .key = "user:1"}).value().allowed);
   EXPECT_EQ(backend_->key_count(), 3u);
+}
+
+TEST_F(MemoryBackend, CheckAllIsAllOrNothing) { testing::expect_check_all_semantics(*backend_, clock_); }
+
+// Keys of one call in one shard of one table: each is made before any is read (making one may move
+// the others), and all are decided under the one lock.
+TEST_F(MemoryBackend, CheckAllOfManyKeysOfOneRule) {
+  const rule r{.name = "many", .limit = fixed_window_policy(1, 60s)};
+  auto p = backend_->prepare(r).value();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 40; ++i) keys.push_back("key" + std::to_string(i));
+  std::vector<check_request> checks;
+  for (const auto& k : keys) checks.push_back({.rule = &r, .key = k, .prepared = p.get()});
+  auto first = backend_->check_all(checks).value();
+  for (const decision& d : first) EXPECT_TRUE(d.allowed);
+  // One more new key beside the 40 spent ones: refused whole, and the new key keeps its unit.
+  checks.push_back({.rule = &r, .key = "fresh", .prepared = p.get()});
+  auto second = backend_->check_all(checks).value();
+  for (std::size_t i = 0; i + 1 < second.size(); ++i) EXPECT_FALSE(second[i].allowed);
+  EXPECT_TRUE(second.back().allowed);
+  EXPECT_TRUE(backend_->check({.rule = &r, .key = "fresh", .prepared = p.get()}).value().allowed);
 }
 
 TEST_F(MemoryBackend, AsyncCheckCompletesWithTheSameDecision) {
