@@ -44,6 +44,11 @@ clock& real_clock() noexcept;
 /// reading it admits in steps of that length. Never destroyed.
 clock& coarse_clock() noexcept;
 
+/// CLOCK_MONOTONIC counted from the Unix epoch (its offset to CLOCK_REALTIME read once, at first
+/// use): never steps with the wall clock, yet a fixed window of a minute starts at a wall-clock
+/// minute, as on Redis (whose scripts read TIME) and in envoyproxy/ratelimit. sluiced's memory
+/// backend reads it. Never destroyed.
+clock& unix_epoch_clock() noexcept;
 /// The resolution of `coarse_clock()`, as reported by clock_getres.
 nanoseconds coarse_clock_resolution() noexcept;
 

@@ -39,7 +39,28 @@ class monotonic_coarse_clock final : public clock {
   }
 };
 
+// CLOCK_MONOTONIC plus the offset to CLOCK_REALTIME read once: it ticks (and sleeps) as the
+// monotonic clock, from the Unix epoch.
+class unix_epoch_monotonic_clock final : public clock {
+ public:
+  unix_epoch_monotonic_clock()
+      : offset_(std::chrono::duration_cast<nanoseconds>(std::chrono::system_clock::now().time_since_epoch()) -
+                std::chrono::steady_clock::now().time_since_epoch()) {}
+  time_point now() noexcept override { return std::chrono::steady_clock::now() + offset_; }
+  bool sleep_until(time_point deadline, std::stop_token stop) override {
+    return sleep_on_steady_clock(deadline - offset_, std::move(stop));
+  }
+
+ private:
+  const nanoseconds offset_;
+};
+
 }  // namespace
+
+clock& unix_epoch_clock() noexcept {
+  static auto* instance = new unix_epoch_monotonic_clock;
+  return *instance;
+}
 
 clock& real_clock() noexcept {
   static auto* instance = new monotonic_clock;  // never destroyed: usable during static destruction

@@ -28,7 +28,8 @@ result<void> check_servable(const config& cfg) {
 
 result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
   if (s.type == backend_type::memory) {
-    auto b = make_memory_backend({.max_keys_per_rule = s.max_keys_per_rule});
+    // Windows aligned to the Unix epoch, as on Redis: a fixed window of a minute starts at :00.
+    auto b = make_memory_backend({.clock = &unix_epoch_clock(), .max_keys_per_rule = s.max_keys_per_rule});
     if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
     return std::unique_ptr<backend>(std::move(*b));
   }

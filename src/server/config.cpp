@@ -3,6 +3,7 @@
 #include "sluice/host_port.hpp"
 
 #include <charconv>
+#include <filesystem>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -340,7 +341,7 @@ bool valid_listen(std::string_view a) { return parse_host_port(a).ok(); }
 
 result<void> read_server(const section& s, config& out) {
   if (auto v = s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms",
-                       "max_tenant_labels", "max_connections", "sweep_interval_ms"});
+                       "max_tenant_labels", "max_connections", "sweep_interval_ms", "grpc_listen"});
       !v) {
     return v.error();
   }
@@ -370,6 +371,11 @@ result<void> read_server(const section& s, config& out) {
   auto sweep = s.integer_or("sweep_interval_ms", 10'000, 0, 3'600'000);
   if (!sweep) return sweep.error();
   out.server.sweep_interval = std::chrono::milliseconds(*sweep);
+  auto grpc = s.string("grpc_listen", "");
+  if (!grpc) return grpc.error();
+  if (!grpc->empty() && !valid_listen(*grpc))
+    return s.bad("grpc_listen", "must be \"host:port\" (IPv6 as \"[::1]:8081\"), got \"" + *grpc + "\"");
+  out.server.grpc_listen = *grpc;
   return {};
 }
 
@@ -498,6 +504,45 @@ result<void> read_http(const section& s, config& out) {
   return {};
 }
 
+result<void> read_envoy(const section& s, std::string_view source_name, config& out) {
+  if (auto v = s.only({"config_dir", "all_or_nothing", "response_headers", "header_limit", "header_remaining",
+                       "header_reset", "max_detailed_labels"});
+      !v) {
+    return v.error();
+  }
+  envoy_settings& e = out.envoy;
+  envoy::rls_options& o = e.options;
+  e.enabled = true;
+  if (!s.has("config_dir")) return s.missing("config_dir", "(the directory of envoyproxy/ratelimit YAML files)");
+  auto dir = s.string("config_dir", "");
+  if (!dir) return dir.error();
+  if (dir->empty()) return s.bad("config_dir", "must not be empty");
+  // Relative to the config file's directory, so that a config and its YAML files move together.
+  const std::filesystem::path p(*dir);
+  e.config_dir = p.is_absolute() || source_name.empty()
+                     ? p.string()
+                     : (std::filesystem::path(source_name).parent_path() / p).lexically_normal().string();
+  auto together = s.boolean("all_or_nothing", true);
+  if (!together) return together.error();
+  o.all_or_nothing = *together;
+  auto headers = s.boolean("response_headers", false);
+  if (!headers) return headers.error();
+  o.response_headers = *headers;
+  for (auto [key, field] :
+       {std::pair{"header_limit", &o.header_limit}, std::pair{"header_remaining", &o.header_remaining},
+        std::pair{"header_reset", &o.header_reset}}) {
+    auto v = s.string(key, *field);
+    if (!v) return v.error();
+    if (v->empty() || v->find_first_of(" \t\r\n:") != std::string::npos)
+      return s.bad(key, "must be a header name, got \"" + *v + "\"");
+    *field = *v;
+  }
+  auto labels = s.integer_or("max_detailed_labels", 100, 0, 100'000);
+  if (!labels) return labels.error();
+  o.max_detailed_labels = static_cast<std::size_t>(*labels);
+  return {};
+}
+
 result<void> read_etcd(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"endpoints", "prefix", "username", "password", "ca_file", "cert_file", "key_file",
                        "dial_timeout_ms", "request_timeout_ms", "backoff_base_ms", "backoff_cap_ms"});
@@ -610,10 +655,10 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   out.source = std::string(source_name);
   for (auto&& [k, v] : root) {
     std::string_view key = k.str();
-    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "etcd" && key != "rules" &&
-        key != "overrides") {
+    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "etcd" && key != "envoy" &&
+        key != "rules" && key != "overrides") {
       return rep.at(k.source(), "unknown key '" + std::string(key) +
-                                    "' (expected ratelimit, server, backend, http, etcd, rules or overrides)");
+                                    "' (expected ratelimit, server, backend, http, etcd, envoy, rules or overrides)");
     }
   }
   // [server] first: [ratelimit] may also switch log_rejections on.
@@ -641,6 +686,13 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   if (!etcd) return etcd.error();
   if (*etcd) {
     if (auto r = read_etcd(section(**etcd, "[etcd]", rep), rep, out); !r) return r.error();
+  }
+  auto envoy = sub_table(root, "envoy", rep);
+  if (!envoy) return envoy.error();
+  if (*envoy) {
+    if (auto r = read_envoy(section(**envoy, "[envoy]", rep), source_name, out); !r) return r.error();
+    if (out.server.grpc_listen.empty())
+      return rep.at((*envoy)->source(), "[envoy] is served on [server] grpc_listen, which is not set");
   }
   if (const toml::node* n = root.get("rules")) {
     const toml::array* arr = n->as_array();
@@ -676,7 +728,7 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
       out.overrides.push_back(std::move(*o));
     }
   }
-  if (out.enabled && out.rules.empty()) {
+  if (out.enabled && out.rules.empty() && !out.envoy.enabled) {
     return rep.at(root.source(), "no rules: add a [ratelimit] section with an algorithm or at least one [[rules]]");
   }
   return out;
@@ -698,35 +750,6 @@ const rule* config::find_rule(std::string_view name) const noexcept {
     if (r.name == name) return &r;
   }
   return nullptr;
-}
-
-result<nanoseconds> parse_duration(std::string_view text) {
-  auto fail = [&] {
-    return error(errc::config_invalid, "must be a duration like \"250ms\", \"60s\", \"5m\", \"1h\" or \"1d\", got \"" +
-                                           std::string(text) + "\"");
-  };
-  std::size_t digits = 0;
-  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-  if (digits == 0 || digits > 12) return fail();
-  std::int64_t n = 0;
-  std::from_chars(text.data(), text.data() + digits, n);
-  std::string_view unit = text.substr(digits);
-  std::int64_t scale = 0;
-  if (unit == "ms") {
-    scale = 1'000'000;
-  } else if (unit == "s") {
-    scale = 1'000'000'000;
-  } else if (unit == "m") {
-    scale = 60'000'000'000;
-  } else if (unit == "h") {
-    scale = 3'600'000'000'000;
-  } else if (unit == "d") {
-    scale = 86'400'000'000'000;
-  } else {
-    return fail();
-  }
-  if (n > std::numeric_limits<std::int64_t>::max() / scale) return fail();
-  return nanoseconds(n * scale);
 }
 
 result<config> parse_config(std::string_view toml_text, std::string_view source_name) {

@@ -62,6 +62,8 @@ int run(const server_options& options) {
   int rc = 0;
   {
     const etcd_settings etcd = cfg->etcd;
+    const envoy_settings envoy = cfg->envoy;
+    const std::string grpc_listen = cfg->server.grpc_listen;
     auto built = make_snapshot(std::move(*cfg), {}, **b, nullptr);
     if (!built) {
       spdlog::error("event=config_invalid error={}", log_value(built.error().message));
@@ -74,6 +76,12 @@ int run(const server_options& options) {
     service svc(options.config_path, std::move(built->snap), std::move(*b));
     if (etcd.enabled) {
       if (auto started = svc.start_etcd(etcd); !started) {
+        spdlog::error("event=config_invalid error={}", log_value(started.error().message));
+        return 1;
+      }
+    }
+    if (!grpc_listen.empty()) {
+      if (auto started = svc.start_envoy(envoy, grpc_listen); !started) {
         spdlog::error("event=config_invalid error={}", log_value(started.error().message));
         return 1;
       }

@@ -46,6 +46,7 @@ std::string service::render_metrics() {
   if (etcd_)
     prometheus::sample(out, "sluice_config_errors_total{source=\"etcd\"}",
                        etcd_errors_.load(std::memory_order_relaxed));
+  if (envoy_) envoy_->append_metrics(out);
   prometheus::family(out, "sluice_http_requests_in_flight", "gauge",
                      "Requests read and not yet answered (this scrape included).");
   prometheus::sample(out, "sluice_http_requests_in_flight",
@@ -89,6 +90,9 @@ int service::run(const tcp::endpoint& endpoint, unsigned threads) {
   for (auto& w : workers_) pool.emplace_back([this, &io = w->io] { run_guarded(io); });
   run_guarded(ioc_);
   for (auto& t : pool) t.join();
+  // The Envoy API's limits are prepared on the backend: it ends first.
+  if (envoy_) envoy_->shutdown(std::chrono::milliseconds(0));
+  envoy_.reset();
   // The backend goes first: completions it still holds (a drain that timed out on Redis) are
   // posted to the stopped io_contexts, which must still exist to take them.
   backend_.reset();
@@ -187,6 +191,7 @@ void service::wait_signal() {
     if (sig == SIGHUP) {
       spdlog::info("event=signal signal=SIGHUP");
       reload("sighup");
+      if (envoy_) envoy_->reload("sighup");
       wait_signal();
       return;
     }
@@ -202,6 +207,7 @@ void service::arm_watch(std::chrono::milliseconds interval) {
   watch_timer_.async_wait([this](beast::error_code ec) {
     if (ec) return;
     if (config_file_.changed(steady::now())) reload("file_change");
+    if (envoy_) envoy_->poll();
     arm_watch(current()->cfg.server.watch_interval);
   });
 }
@@ -242,6 +248,12 @@ void service::reload(std::string_view trigger) {
   if (next.backend != old->cfg.backend) {
     spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
   }
+  if (next.envoy != old->cfg.envoy || next.server.grpc_listen != old->cfg.server.grpc_listen) {
+    spdlog::warn(
+        "event=reload_restart_needed section=envoy message=\"[envoy] and grpc_listen apply at the next start\"");
+  }
+  next.envoy = old->cfg.envoy;
+  next.server.grpc_listen = old->cfg.server.grpc_listen;
   if (next.etcd != old->cfg.etcd) {
     spdlog::warn("event=reload_restart_needed section=etcd message=\"[etcd] applies at the next start\"");
   }
@@ -298,6 +310,13 @@ bool service::publish(config settings, std::string_view trigger) {
 }
 
 // Starts the watch of [etcd]'s prefix: its rules join the file's as they arrive.
+result<void> service::start_envoy(const envoy_settings& settings, const std::string& grpc_listen) {
+  auto e = envoy_source::start(settings, grpc_listen, *backend_);
+  if (!e) return e.error();
+  envoy_ = std::move(*e);
+  return {};
+}
+
 result<void> service::start_etcd(const etcd_settings& settings) {
   etcd_rules_ = std::make_unique<etcd_rules>(settings.options.prefix, [this](const rule& r) -> result<void> {
     auto prepared = backend_->prepare(r);
@@ -352,6 +371,8 @@ void service::begin_drain() {
   if (draining_.exchange(true)) return;
   beast::error_code ec;
   acceptor_.close(ec);
+  // gRPC calls running are answered (within the drain timeout); new ones are refused.
+  if (envoy_) envoy_->shutdown(current()->cfg.server.drain_timeout);
   watch_timer_.cancel();
   housekeeping_timer_.cancel();
   accept_retry_timer_.cancel();

@@ -22,6 +22,7 @@
 #include "sluice/server/metrics.hpp"
 #include "core/log_throttle.hpp"
 #include "server/config_file_watch.hpp"
+#include "server/envoy_source.hpp"
 #include "server/etcd_source.hpp"
 #include "server/log_fields.hpp"
 #include "server/rule_sources.hpp"
@@ -76,6 +77,8 @@ class service {
 
   // Watches [etcd]'s prefix for rules. Before run().
   result<void> start_etcd(const etcd_settings& settings);
+  // Serves Envoy's rate-limit API on `grpc_listen`, its limits from [envoy]. Before run().
+  result<void> start_envoy(const envoy_settings& settings, const std::string& grpc_listen);
 
   int run(const tcp::endpoint& endpoint, unsigned threads);
 
@@ -155,6 +158,8 @@ class service {
   steady::time_point drain_deadline_;
   std::size_t next_ = 0;                    // the worker the next accepted connection goes to
   std::atomic<int> accepted_unstarted_{0};  // posted to a worker, not yet started (see do_accept)
+  // Its limits are prepared on backend_; run() ends it before the backend.
+  std::unique_ptr<envoy_source> envoy_;
   // Last: its thread posts to ioc_ and calls into this service until it is joined.
   std::unique_ptr<etcd_source> etcd_;
 };

@@ -30,6 +30,8 @@
 #include <vector>
 
 #include "sluice/backend.hpp"
+#include "sluice/duration.hpp"
+#include "sluice/envoy/options.hpp"
 #include "sluice/error.hpp"
 #include "sluice/etcd/options.hpp"
 #include "sluice/policy.hpp"
@@ -66,6 +68,9 @@ struct server_settings {
   /// How often idle limiter state is dropped (`sweep_interval_ms`), so memory comes back after a
   /// key flood; 0 leaves it to the tables' own growth. Default: 10 s.
   std::chrono::milliseconds sweep_interval{10'000};
+  /// "host:port" for Envoy's rate-limit API over gRPC (`grpc_listen`, see [envoy]); "" serves
+  /// none. Default: "".
+  std::string grpc_listen;
 };
 
 /// [backend]
@@ -106,6 +111,22 @@ struct etcd_settings {
   bool operator==(const etcd_settings&) const = default;
 };
 
+/// [envoy]: Envoy's external rate-limit API (envoy.service.ratelimit.v3) on [server] grpc_listen,
+/// its limits from envoyproxy/ratelimit's YAML files. Read at start (a change needs a restart);
+/// the directory's files are reloaded when they change.
+struct envoy_settings {
+  /// True when the file has an [envoy] section.
+  bool enabled = false;
+  /// The directory of *.yaml/*.yml files, one domain each (`config_dir`, required); relative to
+  /// the config file's directory.
+  std::string config_dir;
+  /// Every option of the Envoy API, read under the names of its fields: `all_or_nothing`,
+  /// `response_headers`, `header_limit`, `header_remaining`, `header_reset`,
+  /// `max_detailed_labels` (sluice/envoy/options.hpp).
+  envoy::rls_options options;
+  bool operator==(const envoy_settings&) const = default;
+};
+
 /// One key's own limits for a rule — or one tenant's, or one tenant's user's, for a dual-layer
 /// rule: `[[overrides]]` in the file, `PREFIX overrides/ID` in etcd. It replaces the limit
 /// parameters of that key and nothing else; the fields it may set follow the rule's algorithm.
@@ -144,6 +165,7 @@ struct config {
   backend_settings backend;
   http_settings http;
   etcd_settings etcd;
+  envoy_settings envoy;
   /// Every rule, `default` first when the [ratelimit] form defines it. Names are unique.
   std::vector<rule> rules;
   /// [[overrides]], each checked against its rule; targets are unique.
@@ -155,10 +177,6 @@ struct config {
 
 /// The longest rule name accepted.
 inline constexpr std::size_t max_rule_name_length = 64;
-
-/// Parses a duration string "<digits><unit>" with unit ms, s, m, h or d ("250ms", "60s", "5m").
-/// Anything else (no digits, another unit, spaces, a sign, an overflow) is errc::config_invalid.
-result<nanoseconds> parse_duration(std::string_view text);
 
 /// Parses TOML text; `source_name` prefixes every error message ("name:line:column: ...").
 result<config> parse_config(std::string_view toml_text, std::string_view source_name);

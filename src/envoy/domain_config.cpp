@@ -1,0 +1,264 @@
+#include "envoy/domain_config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "sluice/duration.hpp"
+
+namespace sluice::envoy {
+namespace {
+
+constexpr std::int64_t second_ns = 1'000'000'000;
+
+// Reads one file's nodes; the first error ends the walk (thrown, caught once in parse_domain).
+class reader {
+ public:
+  explicit reader(std::string_view file) : file_(file) {}
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& message) const {
+    throw error(errc::config_invalid, where(at) + ": " + message);
+  }
+  std::string where(const YAML::Node& at) const { return file_ + ":" + std::to_string(at.Mark().line + 1); }
+
+  // The map's keys, each one of `allowed`.
+  void expect_keys(const YAML::Node& map, std::initializer_list<std::string_view> allowed,
+                   std::string_view what) const {
+    if (!map.IsMap()) fail(map, std::string(what) + " must be a mapping");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string k = scalar(it->first, "a key");
+      if (std::find(allowed.begin(), allowed.end(), k) == allowed.end()) {
+        fail(it->first, "unknown key '" + k + "' in " + std::string(what));
+      }
+    }
+  }
+
+  std::string scalar(const YAML::Node& n, std::string_view what) const {
+    if (!n.IsScalar()) fail(n, std::string(what) + " must be a string");
+    return n.Scalar();
+  }
+
+  bool boolean(const YAML::Node& n, std::string_view what) const {
+    bool b = false;
+    if (!n.IsScalar() || !YAML::convert<bool>::decode(n, b)) fail(n, std::string(what) + " must be true or false");
+    return b;
+  }
+
+  std::int64_t integer(const YAML::Node& n, std::string_view what, std::int64_t lo, std::int64_t hi) const {
+    const std::string s = n.IsScalar() ? n.Scalar() : std::string();
+    std::int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size() || v < lo || v > hi) {
+      fail(n, std::string(what) + " must be an integer in " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    return v;
+  }
+
+  rate_limit_config rate_limit(const YAML::Node& n) const {
+    expect_keys(n, {"unit", "requests_per_unit", "name", "unlimited", "replaces", "algorithm", "burst", "window"},
+                "a rate_limit");
+    rate_limit_config r;
+    r.where = where(n);
+    if (n["name"]) r.name = scalar(n["name"], "name");
+    if (n["unlimited"]) r.unlimited = boolean(n["unlimited"], "unlimited");
+    if (n["unit"]) {
+      auto u = unit_from_string(scalar(n["unit"], "unit"));
+      if (!u || *u == unit::unknown)
+        fail(n["unit"],
+             "unit must be second, minute, hour, day, week, month or year, got '" + n["unit"].Scalar() + "'");
+      r.unit = *u;
+    }
+    if (n["requests_per_unit"]) {
+      r.requests_per_unit =
+          static_cast<std::uint32_t>(integer(n["requests_per_unit"], "requests_per_unit", 0, UINT32_MAX));
+    }
+    if (n["window"]) {
+      auto w = parse_duration(scalar(n["window"], "window"));
+      if (!w || w->count() <= 0) fail(n["window"], "window " + (w ? std::string("must be > 0") : w.error().message));
+      r.window = *w;
+    }
+    if (n["algorithm"]) {
+      const std::string a = scalar(n["algorithm"], "algorithm");
+      auto alg = algorithm_from_string(a);
+      if (!alg) {
+        fail(n["algorithm"],
+             "algorithm must be fixed_window, token_bucket, sliding_window or sliding_window_counter, got '" + a + "'");
+      }
+      r.algorithm = *alg;
+    }
+    if (n["burst"]) {
+      if (r.algorithm != algorithm::token_bucket) fail(n["burst"], "burst is for algorithm: token_bucket only");
+      r.burst = integer(n["burst"], "burst", 0, UINT32_MAX);
+    }
+    if (n["replaces"]) {
+      const YAML::Node& list = n["replaces"];
+      if (!list.IsSequence()) fail(list, "replaces must be a list of {name: ...}");
+      for (const YAML::Node& item : list) {
+        expect_keys(item, {"name"}, "a replaces entry");
+        if (!item["name"]) fail(item, "a replaces entry needs a name");
+        r.replaces.push_back(scalar(item["name"], "name"));
+      }
+      if (r.name.empty()) fail(n, "a rate_limit that replaces others needs a name");
+    }
+    if (!r.unlimited) {
+      if (!n["requests_per_unit"]) fail(n, "a rate_limit needs requests_per_unit (or unlimited: true)");
+      if (!n["unit"] && !r.window) fail(n, "a rate_limit needs a unit (or window)");
+      if (auto v = validate(r.to_policy()); !v) fail(n, v.error().message);
+    }
+    return r;
+  }
+
+  descriptor_config descriptor(const YAML::Node& n, int depth) {
+    if (depth > max_descriptor_depth)
+      fail(n, "descriptors nest deeper than " + std::to_string(max_descriptor_depth) + " levels");
+    if (++descriptors_ > max_descriptors_per_domain)
+      fail(n, "more than " + std::to_string(max_descriptors_per_domain) + " descriptors in one domain");
+    expect_keys(n, {"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric"},
+                "a descriptor");
+    descriptor_config d;
+    d.where = where(n);
+    if (!n["key"]) fail(n, "a descriptor needs a key");
+    d.key = scalar(n["key"], "key");
+    if (d.key.empty()) fail(n["key"], "key must not be empty");
+    if (n["value"]) d.value = scalar(n["value"], "value");
+    if (n["rate_limit"] && n["rate_limits"]) fail(n, "a descriptor has rate_limit or rate_limits, not both");
+    if (n["rate_limit"]) d.limits.push_back(rate_limit(n["rate_limit"]));
+    if (n["rate_limits"]) {
+      const YAML::Node& list = n["rate_limits"];
+      if (!list.IsSequence() || list.size() == 0) fail(list, "rate_limits must be a list of rate limits");
+      for (const YAML::Node& item : list) d.limits.push_back(rate_limit(item));
+    }
+    if (n["shadow_mode"]) d.shadow_mode = boolean(n["shadow_mode"], "shadow_mode");
+    if (n["detailed_metric"]) d.detailed_metric = boolean(n["detailed_metric"], "detailed_metric");
+    if (n["descriptors"]) d.descriptors = descriptors(n["descriptors"], depth + 1);
+    return d;
+  }
+
+  // Siblings are told apart by key and value, as the service looks them up.
+  std::vector<descriptor_config> descriptors(const YAML::Node& list, int depth) {
+    if (!list.IsSequence()) fail(list, "descriptors must be a list");
+    std::vector<descriptor_config> out;
+    std::set<std::pair<std::string, std::string>> seen;
+    for (const YAML::Node& item : list) {
+      descriptor_config d = descriptor(item, depth);
+      if (!seen.emplace(d.key, d.value).second) {
+        fail(item, "duplicate descriptor key '" + d.key + "'" + (d.value.empty() ? "" : " value '" + d.value + "'"));
+      }
+      out.push_back(std::move(d));
+    }
+    return out;
+  }
+
+ private:
+  std::string file_;
+  std::size_t descriptors_ = 0;
+};
+
+}  // namespace
+
+nanoseconds unit_length(unit u) noexcept {
+  switch (u) {
+    case unit::second: return nanoseconds(second_ns);
+    case unit::minute: return nanoseconds(60 * second_ns);
+    case unit::hour: return nanoseconds(3600 * second_ns);
+    case unit::day: return nanoseconds(86'400 * second_ns);
+    case unit::week: return nanoseconds(7 * 86'400 * second_ns);
+    case unit::month: return nanoseconds(30 * 86'400 * second_ns);
+    case unit::year: return nanoseconds(365 * 86'400 * second_ns);
+    case unit::unknown: break;
+  }
+  return nanoseconds(0);
+}
+
+std::optional<unit> unit_from_string(std::string_view s) noexcept {
+  std::string lower(s);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (unit u : {unit::second, unit::minute, unit::hour, unit::day, unit::month, unit::year, unit::week}) {
+    if (lower == to_string(u)) return u;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(unit u) noexcept {
+  switch (u) {
+    case unit::second: return "second";
+    case unit::minute: return "minute";
+    case unit::hour: return "hour";
+    case unit::day: return "day";
+    case unit::month: return "month";
+    case unit::year: return "year";
+    case unit::week: return "week";
+    case unit::unknown: break;
+  }
+  return "unknown";
+}
+
+policy rate_limit_config::to_policy() const {
+  if (requests_per_unit == 0) return token_bucket_policy(per_second(0), 0);  // refuses everything
+  const nanoseconds w = length();
+  if (algorithm == algorithm::token_bucket) {
+    const double seconds = std::chrono::duration<double>(w).count();
+    return token_bucket_policy(per_second(seconds > 0 ? requests_per_unit / seconds : 0),
+                               burst ? *burst : requests_per_unit);
+  }
+  return {.algorithm = algorithm, .limit = requests_per_unit, .window = w};
+}
+
+result<domain_config> parse_domain(std::string_view yaml_text, std::string_view file) {
+  if (yaml_text.size() > max_config_file_bytes) {
+    return {errc::config_invalid,
+            std::string(file) + ": larger than " + std::to_string(max_config_file_bytes) + " bytes"};
+  }
+  reader r(file);
+  try {
+    const YAML::Node root = YAML::Load(std::string(yaml_text));
+    r.expect_keys(root, {"domain", "descriptors"}, "the file");
+    domain_config d;
+    d.file = file;
+    if (!root["domain"]) r.fail(root, "the file needs a domain");
+    d.domain = r.scalar(root["domain"], "domain");
+    if (d.domain.empty()) r.fail(root["domain"], "domain must not be empty");
+    if (root["descriptors"]) d.descriptors = r.descriptors(root["descriptors"], 1);
+    return d;
+  } catch (const error& e) {
+    return e;
+  } catch (const YAML::Exception& e) {
+    return {errc::config_invalid, std::string(file) + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg};
+  }
+}
+
+result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::vector<std::filesystem::path> files;
+  for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec)) {
+    const auto ext = it->path().extension();
+    if ((ext == ".yaml" || ext == ".yml") && it->is_regular_file(ec)) files.push_back(it->path());
+  }
+  if (ec) return {errc::config_invalid, dir.string() + ": " + ec.message()};
+  std::sort(files.begin(), files.end());
+  std::vector<domain_config> out;
+  for (const auto& f : files) {
+    std::ifstream in(f, std::ios::binary);
+    std::string text;
+    text.resize(max_config_file_bytes + 1);
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    if (in.bad()) return {errc::config_invalid, f.string() + ": cannot be read"};
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    auto d = parse_domain(text, f.string());
+    if (!d) return d.error();
+    for (const domain_config& other : out) {
+      if (other.domain == d->domain)
+        return {errc::config_invalid, f.string() + ": domain '" + d->domain + "' is also defined by " + other.file};
+    }
+    out.push_back(std::move(*d));
+  }
+  return out;
+}
+
+}  // namespace sluice::envoy

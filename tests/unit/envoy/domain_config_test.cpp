@@ -1,0 +1,172 @@
+// envoyproxy/ratelimit's YAML, read as that service reads it, with sluice's extensions; every error
+// names the file and line.
+#include "envoy/domain_config.hpp"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace sluice::envoy {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(EnvoyDomainConfig, ReadsTheReferenceFormat) {
+  auto d = parse_domain(R"(
+domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    shadow_mode: true
+    rate_limit:
+      unit: MINUTE
+      requests_per_unit: 50
+  - key: remote_address
+    detailed_metric: true
+    descriptors:
+      - key: path
+        value: "/login*"
+        rate_limit:
+          name: login
+          replaces: [{name: general}]
+          unit: hour
+          requests_per_unit: 10
+      - key: bypass
+        rate_limit: {unlimited: true}
+)",
+                        "mongo.yaml");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->domain, "mongo_cps");
+  ASSERT_EQ(d->descriptors.size(), 3u);
+  const descriptor_config& users = d->descriptors[0];
+  EXPECT_EQ(users.key, "database");
+  EXPECT_EQ(users.value, "users");
+  ASSERT_EQ(users.limits.size(), 1u);
+  EXPECT_EQ(users.limits[0].unit, unit::second);
+  EXPECT_EQ(users.limits[0].requests_per_unit, 500u);
+  EXPECT_EQ(users.limits[0].to_policy(), fixed_window_policy(500, 1s)) << "fixed windows by default";
+  EXPECT_TRUE(d->descriptors[1].shadow_mode);
+  EXPECT_EQ(d->descriptors[1].limits[0].unit, unit::minute) << "units in any case";
+  const descriptor_config& address = d->descriptors[2];
+  EXPECT_TRUE(address.limits.empty());
+  EXPECT_TRUE(address.detailed_metric);
+  ASSERT_EQ(address.descriptors.size(), 2u);
+  EXPECT_EQ(address.descriptors[0].limits[0].name, "login");
+  EXPECT_EQ(address.descriptors[0].limits[0].replaces, std::vector<std::string>{"general"});
+  EXPECT_TRUE(address.descriptors[1].limits[0].unlimited);
+  EXPECT_EQ(address.descriptors[0].limits[0].where, "mongo.yaml:21");  // its first line
+}
+
+TEST(EnvoyDomainConfig, ReadsTheExtensions) {
+  auto d = parse_domain(R"(
+domain: api
+descriptors:
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 20}
+      - {unit: hour, requests_per_unit: 1000, algorithm: sliding_window}
+      - {unit: minute, requests_per_unit: 100, window: 30s, algorithm: sliding_window_counter}
+      - {requests_per_unit: 7, window: 250ms}
+)",
+                        "api.yaml");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  const auto& limits = d->descriptors[0].limits;
+  ASSERT_EQ(limits.size(), 4u);
+  EXPECT_EQ(limits[0].to_policy(), token_bucket_policy(per_second(5), 20));
+  EXPECT_EQ(limits[1].to_policy(), sliding_window_policy(1000, 1h));
+  EXPECT_EQ(limits[2].to_policy(), sliding_window_counter_policy(100, 30s));
+  EXPECT_EQ(limits[3].to_policy(), fixed_window_policy(7, 250ms));
+  EXPECT_EQ(limits[3].unit, unit::unknown);
+}
+
+TEST(EnvoyDomainConfig, UnitsAreTheReferenceServicesLengths) {
+  EXPECT_EQ(unit_length(unit::second), 1s);
+  EXPECT_EQ(unit_length(unit::week), std::chrono::hours(24 * 7));
+  EXPECT_EQ(unit_length(unit::month), std::chrono::hours(24 * 30));
+  EXPECT_EQ(unit_length(unit::year), std::chrono::hours(24 * 365));
+  EXPECT_EQ(unit_length(unit::unknown), 0s);
+}
+
+TEST(EnvoyDomainConfig, ErrorsNameTheFileAndLine) {
+  struct bad_case {
+    const char* yaml;
+    const char* message;  // a part of the error
+  };
+  const bad_case cases[] = {
+      {"domain: a\ndescriptors:\n  - key: k\n    value: v\n  - key: k\n    value: v\n",
+       "f.yaml:5: duplicate descriptor key 'k' value 'v'"},
+      {"domain: a\ndescriptors:\n  - key: k\n    colour: red\n", "f.yaml:4: unknown key 'colour' in a descriptor"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+       "f.yaml:4: unit must be second"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second}\n", "needs requests_per_unit"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+       "requests_per_unit must be an integer in 0..4294967295"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {requests_per_unit: 3}\n", "needs a unit"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 3}\n",
+       "burst is for algorithm: token_bucket only"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, window: 3 s}\n",
+       "window must be a duration"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+       "    rate_limits: [{unit: second, requests_per_unit: 1}]\n",
+       "rate_limit or rate_limits, not both"},
+      {"domain: a\ndescriptors:\n  - value: v\n", "f.yaml:3: a descriptor needs a key"},
+      {"descriptors: []\n", "needs a domain"},
+      {"domain: ''\n", "domain must not be empty"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: "
+       "x}]}\n",
+       "needs a name"},
+      {"domain: a\ndescriptors: [\n", "f.yaml:"},
+      {"- just\n- a list\n", "the file must be a mapping"},
+  };
+  for (const bad_case& c : cases) {
+    auto d = parse_domain(c.yaml, "f.yaml");
+    ASSERT_FALSE(d.ok()) << c.yaml;
+    EXPECT_EQ(d.error(), errc::config_invalid);
+    EXPECT_NE(d.error().message.find(c.message), std::string::npos) << d.error().message;
+  }
+}
+
+TEST(EnvoyDomainConfig, HostileFilesAreBounded) {
+  std::string deep = "domain: a\ndescriptors:\n";
+  std::string indent = "  ";
+  for (int i = 0; i < max_descriptor_depth + 2; ++i) {
+    deep += indent + "- key: k\n" + indent + "  descriptors:\n";
+    indent += "    ";
+  }
+  deep += indent + "- key: last\n";
+  auto d = parse_domain(deep, "deep.yaml");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("nest deeper than"), std::string::npos) << d.error().message;
+  auto huge = parse_domain(std::string(max_config_file_bytes + 1, '#'), "huge.yaml");
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.error().message.find("larger than"), std::string::npos);
+}
+
+TEST(EnvoyDomainConfig, ADirectoryHoldsOneDomainPerFile) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sluice-envoy-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, const char* text) { std::ofstream(dir / name) << text; };
+  write("b.yaml", "domain: b\n");
+  write("a.yml", "domain: a\n");
+  write("notes.txt", "not a config");
+  auto all = load_domains(dir);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  ASSERT_EQ(all->size(), 2u);
+  EXPECT_EQ((*all)[0].domain, "a");
+  EXPECT_EQ((*all)[1].domain, "b");
+  write("c.yaml", "domain: a\n");
+  auto twice = load_domains(dir);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.error().message.find("domain 'a' is also defined by"), std::string::npos) << twice.error().message;
+  std::filesystem::remove_all(dir);
+  EXPECT_FALSE(load_domains(dir).ok());
+}
+
+}  // namespace
+}  // namespace sluice::envoy

@@ -1,0 +1,273 @@
+// ShouldRateLimit decided on the memory backend with a simulated clock: matching as
+// envoyproxy/ratelimit matches, fixed windows aligned to the epoch, hits_addend, all or nothing
+// across descriptors, shadow_mode, unlimited, replaces, overrides, reloads, hostile requests.
+#include "envoy/rls_service.hpp"
+
+#include <gtest/gtest.h>
+
+#include <initializer_list>
+#include <utility>
+
+#include "sluice/memory_backend.hpp"
+#include "sluice/testing/simulated_clock.hpp"
+#include "unit/envoy/requests.hpp"
+
+namespace sluice::envoy {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::rls_request;
+
+constexpr const char* config_yaml = R"(
+domain: edge
+descriptors:
+  - key: database
+    value: users
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: "/login*"
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: remote_address
+    rate_limit: {unit: hour, requests_per_unit: 2}
+    descriptors:
+      - key: path
+        rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: tenant
+    descriptors:
+      - key: plan
+        value: free
+        rate_limit: {unit: day, requests_per_unit: 1}
+  - key: shadowed
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: vip
+    rate_limit: {unlimited: true}
+  - key: two
+    rate_limits:
+      - {unit: second, requests_per_unit: 2}
+      - {unit: hour, requests_per_unit: 3}
+  - key: general
+    rate_limit: {name: general, unit: hour, requests_per_unit: 100}
+  - key: special
+    rate_limit: {name: special, replaces: [{name: general}], unit: hour, requests_per_unit: 1}
+)";
+
+class EnvoyService : public ::testing::Test {
+ protected:
+  void SetUp() override { load(config_yaml); }
+
+  void load(const char* yaml, rls_service* s = nullptr) {
+    auto d = parse_domain(yaml, "edge.yaml");
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    std::vector<domain_config> domains;
+    domains.push_back(std::move(*d));
+    rls_service& target = s ? *s : service_;
+    auto r = rls_rules::build(std::move(domains), *backend_, target.rules().get(), target.counters());
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    target.set_rules(std::move(*r));
+  }
+
+  pb::RateLimitResponse ask(const pb::RateLimitRequest& req, rls_service* s = nullptr) {
+    pb::RateLimitResponse resp;
+    grpc::Status status(grpc::StatusCode::UNKNOWN, "not answered");
+    (s ? *s : service_).decide(req, resp, [&](grpc::Status st) { status = std::move(st); });
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(resp.statuses_size(), req.descriptors_size());
+    return resp;
+  }
+
+  grpc::Status refused(const pb::RateLimitRequest& req) {
+    pb::RateLimitResponse resp;
+    grpc::Status status;
+    service_.decide(req, resp, [&](grpc::Status st) { status = std::move(st); });
+    return status;
+  }
+
+  // 12:00:10 UTC on a day: windows of a minute, an hour and a day are 50 s, 49 m 50 s and 11 h 59 m 50 s from their
+  // ends.
+  testing::simulated_clock clock_{time_point(std::chrono::seconds(1'700'000'000 / 86'400 * 86'400 + 12 * 3600 + 10))};
+  std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_}).value();
+  rls_service service_{*backend_, {}};
+};
+
+TEST_F(EnvoyService, ExactValueCountsInFixedWindowsAlignedToTheEpoch) {
+  auto req = rls_request({{{"database", "users"}}});
+  for (std::uint32_t left : {2u, 1u, 0u}) {
+    auto r = ask(req);
+    EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+    const auto& s = r.statuses(0);
+    EXPECT_EQ(s.code(), pb::RateLimitResponse::OK);
+    EXPECT_EQ(s.limit_remaining(), left);
+    EXPECT_EQ(s.current_limit().requests_per_unit(), 3u);
+    EXPECT_EQ(s.current_limit().unit(), pb::RateLimitResponse::RateLimit::MINUTE);
+    EXPECT_EQ(s.duration_until_reset().seconds(), 50) << "the minute ends at :00";
+  }
+  auto over = ask(req);
+  EXPECT_EQ(over.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(over.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(over.statuses(0).limit_remaining(), 0u);
+  clock_.advance(50s);  // the next minute
+  EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 2u);
+}
+
+TEST_F(EnvoyService, MatchingFollowsTheReferenceOrder) {
+  // A prefix wildcard; each value its own counter.
+  EXPECT_EQ(ask(rls_request({{{"path", "/login/a"}}})).statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(ask(rls_request({{{"path", "/login/a"}}})).statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(ask(rls_request({{{"path", "/login/b"}}})).statuses(0).limit_remaining(), 1u);
+  // Key alone: each address its own counter; nested: the limit of the last entry.
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "10.0.0.1"}}})).statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "10.0.0.2"}}})).statuses(0).limit_remaining(), 1u);
+  auto nested = ask(rls_request({{{"remote_address", "10.0.0.1"}, {"path", "/x"}}}));
+  EXPECT_EQ(nested.statuses(0).current_limit().requests_per_unit(), 1u);
+  EXPECT_EQ(nested.statuses(0).limit_remaining(), 0u);
+  // A level without a limit at the last entry, and no match at all: OK, no limit.
+  for (const auto& req : {rls_request({{{"tenant", "t1"}}}), rls_request({{{"tenant", "t1"}, {"plan", "paid"}}}),
+                          rls_request({{{"nothing", "here"}}}), rls_request({{{"database", "users"}, {"deeper", "x"}}}),
+                          rls_request({{{"database", "users"}}}, 0, "unknown-domain")}) {
+    auto r = ask(req);
+    EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+    EXPECT_EQ(r.statuses(0).code(), pb::RateLimitResponse::OK);
+    EXPECT_FALSE(r.statuses(0).has_current_limit()) << req.DebugString();
+  }
+  EXPECT_EQ(ask(rls_request({{{"tenant", "t1"}, {"plan", "free"}}})).statuses(0).limit_remaining(), 0u);
+}
+
+TEST_F(EnvoyService, HitsAddendAtBothLevels) {
+  auto req = rls_request({{{"remote_address", "a"}}, {{"remote_address", "b"}}}, 2);
+  req.mutable_descriptors(1)->mutable_hits_addend()->set_value(1);
+  auto r = ask(req);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 0u) << "the request's 2";
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 1u) << "the descriptor's own 1";
+}
+
+TEST_F(EnvoyService, ARefusedRequestConsumesNothing) {
+  // "a" has 1 unit left, "b" 2; asking both for 2 refuses the request and takes from neither.
+  ask(rls_request({{{"remote_address", "a"}}}));
+  auto r = ask(rls_request({{{"remote_address", "a"}}, {{"remote_address", "b"}}}, 2));
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(1).code(), pb::RateLimitResponse::OK) << "it alone would pass";
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 2u) << "and it kept its quota";
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "b"}}}, 2)).statuses(0).limit_remaining(), 0u);
+}
+
+TEST_F(EnvoyService, IncrementEverythingAsTheReferenceDoes) {
+  rls_service reference(*backend_, {.all_or_nothing = false});
+  load(config_yaml, &reference);
+  ask(rls_request({{{"remote_address", "a"}}}), &reference);
+  auto r = ask(rls_request({{{"remote_address", "a"}}, {{"remote_address", "b"}}}, 2), &reference);
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 0u) << "b was counted though the request was refused";
+}
+
+TEST_F(EnvoyService, TwoDescriptorsOfOneCounterAskForTheirSum) {
+  auto r = ask(rls_request({{{"remote_address", "a"}}, {{"remote_address", "a"}}}));
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 0u);
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "a"}}})).overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+}
+
+TEST_F(EnvoyService, SeveralLimitsOnOneDescriptorAreAllOrNothing) {
+  auto req = rls_request({{{"two", "x"}}});
+  auto first = ask(req);
+  EXPECT_EQ(first.statuses(0).limit_remaining(), 1u) << "the closest of the two limits";
+  EXPECT_EQ(first.statuses(0).current_limit().unit(), pb::RateLimitResponse::RateLimit::SECOND);
+  ask(req);
+  auto refused = ask(req);  // the second's limit refuses: the hour's keeps its 1
+  EXPECT_EQ(refused.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(refused.statuses(0).current_limit().unit(), pb::RateLimitResponse::RateLimit::SECOND);
+  clock_.advance(1s);
+  auto last = ask(req);
+  EXPECT_EQ(last.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(last.statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(last.statuses(0).current_limit().unit(), pb::RateLimitResponse::RateLimit::HOUR);
+}
+
+TEST_F(EnvoyService, ShadowModeCountsButNeverRefuses) {
+  auto req = rls_request({{{"shadowed", "x"}}, {{"database", "users"}}});
+  ask(req);
+  auto r = ask(req);
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 1u) << "and does not stop the others";
+  std::string metrics;
+  service_.append_metrics(metrics);
+  EXPECT_NE(metrics.find("sluice_envoy_shadow_mode_total{domain=\"edge\",descriptor=\"shadowed\"} 1"),
+            std::string::npos)
+      << metrics;
+}
+
+TEST_F(EnvoyService, UnlimitedAndReplaces) {
+  auto vip = ask(rls_request({{{"vip", "x"}}}, 1000));
+  EXPECT_EQ(vip.statuses(0).code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(vip.statuses(0).limit_remaining(), 4294967295u);
+  // "special" replaces "general" in a request that has both.
+  auto r = ask(rls_request({{{"general", "x"}}, {{"special", "x"}}}));
+  EXPECT_FALSE(r.statuses(0).has_current_limit());
+  EXPECT_EQ(r.statuses(1).current_limit().name(), "special");
+  EXPECT_EQ(ask(rls_request({{{"general", "x"}}})).statuses(0).limit_remaining(), 99u) << "alone it applies";
+}
+
+TEST_F(EnvoyService, ARequestsOwnLimitReplacesTheConfigs) {
+  auto req = rls_request({{{"anything", "x"}}});
+  auto* limit = req.mutable_descriptors(0)->mutable_limit();
+  limit->set_requests_per_unit(2);
+  limit->set_unit(::envoy::extensions::common::ratelimit::v3::MINUTE);
+  EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 1u);
+  limit->set_requests_per_unit(5);  // raised: the same counter, under the new limit
+  EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 3u);
+  limit->set_requests_per_unit(0);
+  EXPECT_EQ(ask(req).overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  limit->set_unit(::envoy::extensions::common::ratelimit::v3::UNKNOWN);
+  EXPECT_EQ(refused(req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(EnvoyService, AReloadKeepsCountsAndARaisedLimitRaisesRemainingAtOnce) {
+  auto req = rls_request({{{"database", "users"}}});
+  ask(req);
+  ask(req);
+  std::string raised = config_yaml;
+  raised.replace(raised.find("requests_per_unit: 3"), 20, "requests_per_unit: 10");
+  load(raised.c_str());
+  EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 7u) << "2 used of 10";
+}
+
+TEST_F(EnvoyService, ResponseHeadersComeFromTheClosestDescriptor) {
+  rls_service with_headers(*backend_, {.response_headers = true, .header_limit = "X-Limit"});
+  load(config_yaml, &with_headers);
+  auto r = ask(rls_request({{{"general", "x"}}, {{"database", "users"}}}), &with_headers);
+  ASSERT_EQ(r.response_headers_to_add_size(), 3);
+  EXPECT_EQ(r.response_headers_to_add(0).key(), "X-Limit");
+  EXPECT_EQ(r.response_headers_to_add(0).value(), "3");
+  EXPECT_EQ(r.response_headers_to_add(1).key(), "RateLimit-Remaining");
+  EXPECT_EQ(r.response_headers_to_add(1).value(), "2");
+  EXPECT_EQ(r.response_headers_to_add(2).key(), "RateLimit-Reset");
+  EXPECT_EQ(r.response_headers_to_add(2).value(), "50");
+  EXPECT_EQ(ask(rls_request({{{"general", "x"}}})).response_headers_to_add_size(), 0) << "off by default";
+}
+
+TEST_F(EnvoyService, MalformedRequestsAreRefusedAndCountNothing) {
+  auto over_hits = rls_request({{{"database", "users"}}});
+  over_hits.mutable_descriptors(0)->mutable_hits_addend()->set_value(std::uint64_t{1} << 40);
+  auto zero_hits = rls_request({{{"database", "users"}}});
+  zero_hits.mutable_descriptors(0)->mutable_hits_addend()->set_value(0);
+  pb::RateLimitRequest many;
+  many.set_domain("edge");
+  for (int i = 0; i <= max_descriptors; ++i) many.add_descriptors()->add_entries()->set_key("database");
+  pb::RateLimitRequest long_value = rls_request({{{"remote_address", "x"}}});
+  long_value.mutable_descriptors(0)->mutable_entries(0)->set_value(std::string(600, 'v'));
+  for (const auto& bad : {rls_request({{{"database", "users"}}}, 0, ""), pb::RateLimitRequest(), rls_request({{}}),
+                          rls_request({{{"", "users"}}}), over_hits, zero_hits, many, long_value}) {
+    EXPECT_EQ(refused(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.ShortDebugString().substr(0, 200);
+  }
+  EXPECT_EQ(ask(rls_request({{{"database", "users"}}})).statuses(0).limit_remaining(), 2u) << "nothing was counted";
+  // Hits above the limit: over the limit for ever, and nothing else is counted.
+  auto big = ask(rls_request({{{"database", "users"}}, {{"remote_address", "z"}}}, 5));
+  EXPECT_EQ(big.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(big.statuses(1).limit_remaining(), 2u);
+}
+
+}  // namespace
+}  // namespace sluice::envoy
