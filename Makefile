@@ -55,6 +55,7 @@ bench: build
 	bench/server/run.sh build/src/server/sluiced
 	bench/http/run.sh build/examples/notes_beast
 	bench/etcd/run.sh build/src/server/sluiced
+	bench/envoy/run.sh build/src/server/sluiced build/bench/rls_load
 
 # The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
 bench-peers: build

@@ -218,6 +218,17 @@ void batch_builder::add(const command& c, std::size_t kind, int key_count) {
   ++checks;
 }
 
+void batch_builder::add_group(const command& c, std::size_t count) {
+  if (checks == 0) now = c.now_argument();
+  keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
+  bulk(args, static_cast<std::int64_t>(group_kind));
+  bulk(args, static_cast<std::int64_t>(count));
+  args.append(c.text, c.args_at, c.args_end - c.args_at);  // whether to record, then five per check
+  numkeys += count;
+  argc += 3 + 5 * count;
+  ++checks;
+}
+
 std::string batch_builder::text(std::int64_t deadline_us) const {
   std::string out;
   out.reserve(keys.size() + args.size() + 128);
@@ -249,17 +260,17 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
   for (const command& k : checks) c.append(k.text, k.keys_at, k.keys_end - k.keys_at);
   cmd.keys_end = c.size();
   c += checks.front().now_argument();
-  c += "$17\r\n";
-  cmd.deadline_at = c.size();
-  c.append(deadline_width, '0');
-  c += "\r\n";
-  bulk(c, record ? "1" : "0");
   cmd.args_at = c.size();
+  bulk(c, record ? "1" : "0");
   for (std::size_t i = 0; i < checks.size(); ++i) {
     bulk(c, static_cast<std::int64_t>(scripts_of[i]));
     c.append(checks[i].text, checks[i].args_at, checks[i].args_end - checks[i].args_at);
   }
   cmd.args_end = c.size();
+  c += "$17\r\n";
+  cmd.deadline_at = c.size();
+  c.append(deadline_width, '0');
+  c += "\r\n";
   cmd.slot = checks.front().slot;
   set_deadline(cmd, -1);
   return cmd;

@@ -97,6 +97,8 @@ struct batch_builder {
   /// Adds `c` (of script `kind`, with `key_count` keys: 1, or 2 for a dual-layer rule). Every check
   /// added carries the `now` of the first (the real clock's is always -1; a test clock's may differ).
   void add(const command& c, std::size_t kind, int key_count);
+  /// Adds a check_all's group of `count` single-layer checks, `c` being its all_command().
+  void add_group(const command& c, std::size_t count);
   /// The EVALSHA of the batch script.
   std::string text(std::int64_t deadline_us) const;
 };
@@ -108,7 +110,8 @@ result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared
 /// The checks of one check_all() (one slot's, on a cluster) as one call of the all-or-nothing
 /// script (scripts.cpp), built from their own commands: check i of a single-layer rule whose script
 /// is `scripts[i]`. With `record` false the script only looks. Its deadline is set as any
-/// command's (set_deadline); its slot is the first check's (they share one).
+/// command's (set_deadline); its slot is the first check's (they share one). It may also go in a
+/// batch (batch_builder::add_group).
 command all_command(const std::vector<command>& checks, const std::vector<std::size_t>& scripts, bool record);
 
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which

@@ -195,7 +195,6 @@ void redis_core::async_check_all(std::span<const check_request> checks, const ba
   for (auto& part : parts) {
     auto o = std::make_shared<op>();
     o->all = call;
-    o->alone = true;
     std::vector<command> mine;
     std::vector<std::size_t> scripts_of;
     for (std::size_t i : part) {
@@ -348,7 +347,11 @@ void redis_core::send_batch(node& n, std::vector<op_ptr> ops) {
   batch_builder b;
   steady::time_point deadline = ops.front()->deadline;
   for (const auto& o : ops) {
-    b.add(o->call, o->rule->call.script, o->rule->call.dual ? 2 : 1);
+    if (o->all) {
+      b.add_group(o->call, o->part.size());
+    } else {
+      b.add(o->call, o->rule->call.script, o->rule->call.dual ? 2 : 1);
+    }
     deadline = std::min(deadline, o->deadline);
   }
   const std::string text = b.text(node_deadline_us(n, deadline, options_.clock_for_test != nullptr));
@@ -417,18 +420,33 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
       fail(o, errc::backend_timeout, "the checks reached Redis after their deadline; nothing was recorded");
     return;
   }
+  // A check_all's group answers for each of its checks, in order.
   std::vector<const prepared_script*> calls;
   calls.reserve(ops.size());
-  for (const auto& o : ops) calls.push_back(&o->rule->call);
+  for (const auto& o : ops) {
+    if (!o->all) {
+      calls.push_back(&o->rule->call);
+      continue;
+    }
+    for (std::size_t i : o->part) calls.push_back(&o->all->rules[i]->call);
+  }
   auto decisions = parse_batch_reply(calls, *reply);
   if (!decisions) {
     for (auto& o : ops) fail(o, errc::backend_protocol, decisions.error().message);
     return;
   }
-  for (std::size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i]->done) continue;
-    redis_decisions_.fetch_add(1, std::memory_order_relaxed);
-    complete(ops[i], (*decisions)[i]);
+  std::size_t at = 0;
+  for (auto& o : ops) {
+    const std::size_t count = o->all ? o->part.size() : 1;
+    const auto first = decisions->begin() + static_cast<std::ptrdiff_t>(at);
+    at += count;
+    if (o->done) continue;
+    redis_decisions_.fetch_add(count, std::memory_order_relaxed);
+    if (o->all) {
+      complete_part(o, std::vector<decision>(first, first + static_cast<std::ptrdiff_t>(count)));
+    } else {
+      complete(o, *first);
+    }
   }
   trim_inflight();
 }

@@ -257,59 +257,75 @@ out[9] = now
 return out
 )lua";
 
-// Many checks in one call, decided in order as if each came alone at the same µs: one TIME, one
-// deadline for all. ARGV[1] = now, ARGV[2] = deadline, then per check its kind (an algorithm's index
-// for one key; 4 + tenant index × 4 + user index for a dual-layer pair of keys), its cost and its
-// parameters (three per key); KEYS hold their keys in the same order. The reply is each check's
-// values as its own script returns them, without `now`, one after another, then `now`. On a cluster
-// its keys share one slot (Redis refuses others with CROSSSLOT), as a dual-layer check's two do.
-constexpr std::string_view batch_main = R"lua(
+// Single-layer checks all or nothing (backend::check_all): each is first only looked at; when
+// every one would admit (and `record` is true), each is recorded, and its figures are as it stands
+// after; otherwise none is, and one that would have admitted reports its unchanged state (+ cost).
+// The n checks' keys are KEYS[k..], their algorithm indexes, costs and parameters (five per check)
+// ARGV[a..]; their four values each go into out[o + 1..].
+constexpr std::string_view group_lua = R"lua(
 local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}
+local function group(k, a, n, record, out, o)
+  local all = record
+  for i = 0, n - 1 do
+    local b, v = a + i * 5, o + i * 4
+    out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b]) + 1](KEYS[k + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), false)
+    if out[v + 1] == 0 then all = false end
+  end
+  for i = 0, n - 1 do
+    local b, v = a + i * 5, o + i * 4
+    if all then
+      out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b]) + 1](KEYS[k + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), true)
+    elseif out[v + 1] == 1 then
+      out[v + 2] = out[v + 2] + tonumber(ARGV[b + 1])
+    end
+  end
+end
+)lua";
+
+// Many checks in one call, decided in order as if each came alone at the same µs: one TIME, one
+// deadline for all. ARGV[1] = now, ARGV[2] = deadline, then per check its kind — an algorithm's
+// index for one key; 4 + tenant index × 4 + user index for a dual-layer pair of keys; group_kind
+// (20) for a check_all's group, followed by its number of checks and whether to record — then its
+// cost and parameters (three per key; a group: its checks' five each); KEYS hold their keys in the
+// same order. The reply is each check's values as its own script returns them, without `now`, one
+// after another, then `now`. On a cluster its keys share one slot (Redis refuses others with
+// CROSSSLOT), as a dual-layer check's two do.
+constexpr std::string_view batch_main = R"lua(
 local out, n, k, a = {}, 0, 1, 3
 while a <= #ARGV do
-  local kind, cost = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  local p1, p2, p3 = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  if kind < 4 then
-    local al, r, w, z = fs[kind + 1](KEYS[k], cost, p1, p2, p3, true)
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = al, r, w, z
-    n, k, a = n + 4, k + 1, a + 5
+  local kind = tonumber(ARGV[a])
+  if kind == 20 then
+    local count = tonumber(ARGV[a + 1])
+    group(k, a + 3, count, ARGV[a + 2] == '1', out, n)
+    n, k, a = n + 4 * count, k + count, a + 3 + 5 * count
   else
-    local tf, uf = fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1]
-    local u1, u2, u3 = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
-      dual(tf, uf, KEYS[k], KEYS[k + 1], cost, p1, p2, p3, u1, u2, u3)
-    n, k, a = n + 8, k + 2, a + 8
+    local cost = tonumber(ARGV[a + 1])
+    local p1, p2, p3 = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    if kind < 4 then
+      local al, r, w, z = fs[kind + 1](KEYS[k], cost, p1, p2, p3, true)
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = al, r, w, z
+      n, k, a = n + 4, k + 1, a + 5
+    else
+      local tf, uf = fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1]
+      local u1, u2, u3 = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
+        dual(tf, uf, KEYS[k], KEYS[k + 1], cost, p1, p2, p3, u1, u2, u3)
+      n, k, a = n + 8, k + 2, a + 8
+    end
   end
 end
 out[n + 1] = now
 return out
 )lua";
 
-// Single-layer checks all or nothing (backend::check_all): each is first only looked at; when
-// every one would admit (and ARGV[3] is 1), each is recorded, and its figures are as it stands
-// after; otherwise none is, and one that would have admitted reports its unchanged state (+ cost).
-// ARGV[1] = now, ARGV[2] = deadline, ARGV[3] = 1 to record, 0 to only look (the caller found a
-// cost that no wait admits), then per check its algorithm's index, cost and three parameters;
-// KEYS[i] is check i's key. The reply is each check's four values, then `now`. On a cluster its
-// keys share one slot.
+// One check_all's group in a call of its own: ARGV[1] = now, ARGV[2] = 1 to record, 0 to only look
+// (the caller found a cost that no wait admits), then per check its algorithm's index, cost and
+// three parameters, and last the deadline; KEYS[i] is check i's key. The reply is each check's
+// four values, then `now`. On a cluster its keys share one slot.
 constexpr std::string_view all_main = R"lua(
-local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}
 local n = (#ARGV - 3) / 5
-local out, all = {}, ARGV[3] == '1'
-for i = 1, n do
-  local a = 4 + (i - 1) * 5
-  local al, r, w, z = fs[tonumber(ARGV[a]) + 1](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), false)
-  out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = al, r, w, z
-  if al == 0 then all = false end
-end
-for i = 1, n do
-  local a = 4 + (i - 1) * 5
-  if all then
-    out[4 * i - 3], out[4 * i - 2], out[4 * i - 1], out[4 * i] = fs[tonumber(ARGV[a]) + 1](KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), true)
-  elseif out[4 * i - 3] == 1 then
-    out[4 * i - 2] = out[4 * i - 2] + tonumber(ARGV[a + 1])
-  end
-end
+local out = {}
+group(1, 3, n, ARGV[2] == '1', out, 0)
 out[4 * n + 1] = now
 return out
 )lua";
@@ -373,13 +389,15 @@ std::string batch() {
   std::string body = time_and_deadline("ARGV[2]");
   for (const algorithm_lua* a : algorithms) body += as_function(*a);
   body += dual_lua;
+  body += group_lua;
   body += batch_main;
   return body;
 }
 
 std::string all_or_nothing() {
-  std::string body = time_and_deadline("ARGV[2]");
+  std::string body = time_and_deadline("ARGV[#ARGV]");
   for (const algorithm_lua* a : algorithms) body += as_function(*a);
+  body += group_lua;
   body += all_main;
   return body;
 }

@@ -34,6 +34,8 @@ inline constexpr std::size_t script_count = algorithm_count + algorithm_count * 
 inline constexpr std::size_t batch_script = script_count - 2;
 /// The script that decides the single-layer checks of one check_all() as one.
 inline constexpr std::size_t all_script = script_count - 1;
+/// The batch script's kind for a check_all's group (after the 4 single and 16 dual kinds).
+inline constexpr std::size_t group_kind = algorithm_count + algorithm_count * algorithm_count;
 
 struct script {
   std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".

@@ -679,6 +679,58 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
   EXPECT_LT(b->stats().calls - calls_before, static_cast<std::uint64_t>(checks) / 2) << "checks shared calls";
 }
 
+// check_all groups share batch calls with single checks, each group still all or nothing: the
+// decisions are those of the same calls one by one in process.
+TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
+  auto b = make();
+  auto memory = make_memory_backend({.clock = &clock_}).value();
+  const rule rules[] = {
+      {.name = "tb", .limit = token_bucket_policy(per_second(20), 6)},
+      {.name = "swl", .limit = sliding_window_policy(8, 1s)},
+      {.name = "swc", .limit = sliding_window_counter_policy(8, 1s)},
+      {.name = "fw", .limit = fixed_window_policy(8, 1s)},
+  };
+  const std::string ids[] = {"a", "b", "c"};
+  std::mt19937 rng(9);
+  const std::uint64_t calls_before = b->stats().calls;
+  int calls = 0;
+  for (int burst = 0; burst < 30; ++burst) {
+    clock_.advance(std::chrono::milliseconds(rng() % 150));
+    // Each call: a group of one check per rule picked (distinct rules), or a single check.
+    std::vector<std::vector<check_request>> groups(16);
+    for (auto& g : groups) {
+      const std::size_t n = 1 + rng() % 3;
+      const std::size_t first = rng() % std::size(rules);
+      for (std::size_t i = 0; i < n; ++i) {
+        g.push_back({.rule = &rules[(first + i) % std::size(rules)], .key = ids[rng() % 3], .cost = 1 + rng() % 3});
+      }
+    }
+    std::vector<std::promise<result<std::vector<decision>>>> answers(groups.size());
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i].size() == 1 && i % 2 == 0) {
+        b->async_check(groups[i][0], [&answers, i](result<decision> d) {
+          answers[i].set_value(d ? result<std::vector<decision>>(std::vector<decision>{*d})
+                                 : result<std::vector<decision>>(d.error()));
+        });
+      } else {
+        b->async_check_all(groups[i],
+                           [&answers, i](result<std::vector<decision>> d) { answers[i].set_value(std::move(d)); });
+      }
+    }
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      auto got = answers[i].get_future().get();
+      ASSERT_TRUE(got.ok()) << got.error().message;
+      auto want = memory->check_all(groups[i]).value();
+      for (std::size_t k = 0; k < want.size(); ++k) {
+        expect_same((*got)[k], want[k], "burst " + std::to_string(burst) + " call " + std::to_string(i));
+      }
+      ++calls;
+    }
+    if (HasFailure()) return;
+  }
+  EXPECT_LT(b->stats().calls - calls_before, static_cast<std::uint64_t>(calls) / 2) << "groups shared calls";
+}
+
 TEST_F(RedisBackendTest, MaxBatchOneSendsEveryCheckAlone) {
   redis_options o;
   o.max_batch = 1;
