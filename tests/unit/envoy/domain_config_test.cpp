@@ -1,6 +1,8 @@
 // envoyproxy/ratelimit's YAML, read as that service reads it, with sluice's extensions; every error
 // names the file and line.
 #include "envoy/domain_config.hpp"
+#include "envoy/rls_rules.hpp"
+#include "sluice/memory_backend.hpp"
 
 #include <gtest/gtest.h>
 
@@ -166,6 +168,19 @@ TEST(EnvoyDomainConfig, ADirectoryHoldsOneDomainPerFile) {
   EXPECT_NE(twice.error().message.find("domain 'a' is also defined by"), std::string::npos) << twice.error().message;
   std::filesystem::remove_all(dir);
   EXPECT_FALSE(load_domains(dir).ok());
+}
+
+// The example shipped with sluiced loads and prepares.
+TEST(EnvoyDomainConfig, TheExampleLoads) {
+  auto all = load_domains(std::filesystem::path(SLUICE_EXAMPLES_DIR) / "envoy");
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  ASSERT_EQ(all->size(), 1u);
+  EXPECT_EQ((*all)[0].domain, "edge");
+  auto backend = make_memory_backend({}).value();
+  counter_registry counters(10);
+  auto rules = rls_rules::build(std::move(*all), *backend, nullptr, counters);
+  ASSERT_TRUE(rules.ok()) << rules.error().message;
+  EXPECT_EQ((*rules)->limit_count(), 5u);
 }
 
 }  // namespace

@@ -317,6 +317,45 @@ TEST(Config, LoadConfigNamesMissingFile) {
   EXPECT_EQ(c.error().message, "/nonexistent/sluice.toml: cannot open the file");
 }
 
+// [envoy] and grpc_listen: every option read, the directory relative to the file, errors named.
+TEST(Config, EnvoySection) {
+  auto c = parse_config(R"([server]
+grpc_listen = "127.0.0.1:8081"
+[envoy]
+config_dir = "envoy"
+all_or_nothing = false
+response_headers = true
+header_reset = "X-Reset"
+max_detailed_labels = 7
+)",
+                        "/etc/sluice/sluice.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->rules.empty()) << "an Envoy-only config needs no [[rules]]";
+  EXPECT_EQ(c->server.grpc_listen, "127.0.0.1:8081");
+  EXPECT_TRUE(c->envoy.enabled);
+  EXPECT_EQ(c->envoy.config_dir, "/etc/sluice/envoy");
+  EXPECT_FALSE(c->envoy.options.all_or_nothing);
+  EXPECT_TRUE(c->envoy.options.response_headers);
+  EXPECT_EQ(c->envoy.options.header_reset, "X-Reset");
+  EXPECT_EQ(c->envoy.options.header_limit, "RateLimit-Limit");
+  EXPECT_EQ(c->envoy.options.max_detailed_labels, 7u);
+
+  const std::pair<const char*, const char*> bad[] = {
+      {"[server]\ngrpc_listen = \"nowhere\"\n[ratelimit]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = 1\n",
+       "grpc_listen must be \"host:port\""},
+      {"[envoy]\nconfig_dir = \"envoy\"\n", "[envoy] is served on [server] grpc_listen, which is not set"},
+      {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\n", "[envoy] is missing 'config_dir'"},
+      {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nheader_limit = \"a b\"\n",
+       "header_limit must be a header name"},
+      {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nmystery = 1\n", "unknown key 'mystery'"},
+  };
+  for (const auto& [text, message] : bad) {
+    auto e = parse_config(text, "t.toml");
+    ASSERT_FALSE(e.ok()) << text;
+    EXPECT_NE(e.error().message.find(message), std::string::npos) << e.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace sluice
 
