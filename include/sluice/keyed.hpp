@@ -94,7 +94,8 @@ class keyed_limiter {
   /// locked at once, in address order. A cost above its limiter's capacity is refused (`never`) and
   /// the call then records nothing. Errors (nothing recorded): an empty or over-long key, a cost
   /// <= 0, `out` of another size, a new key the table refuses (when_full::refuse), or, at the key
-  /// cap, new keys of the call evicting one another. No key of one limiter twice.
+  /// cap, new keys of the call evicting one another. No key of one limiter twice, and not the two
+  /// limiters of a dual-layer check (try_acquire_dual locks them in its own order).
   static result<void> try_acquire_all(std::span<const keyed_check> checks, time_point now, std::span<decision> out);
 
   const sluice::policy& policy() const noexcept;

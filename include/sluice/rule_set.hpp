@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "sluice/backend.hpp"
@@ -43,7 +44,7 @@ class rule_set {
 
   /// The rules, in the order given to build().
   const std::vector<prepared_rule_ptr>& rules() const noexcept { return rules_; }
-  /// The rule named `name`, or nullptr.
+  /// The rule named `name`, or nullptr. One hash lookup.
   const prepared_rule* find(std::string_view name) const noexcept;
   std::size_t size() const noexcept { return rules_.size(); }
   std::uint64_t version() const noexcept { return version_; }
@@ -54,7 +55,10 @@ class rule_set {
  private:
   rule_set() = default;
 
+  void add(prepared_rule_ptr p);
+
   std::vector<prepared_rule_ptr> rules_;
+  std::unordered_map<std::string_view, std::size_t> by_name_;  // index into rules_
   origin from_;
   std::uint64_t version_ = 1;
   std::size_t kept_ = 0;

@@ -47,7 +47,10 @@ result<void> validate_all(std::span<const check_request> checks) {
     const check_request& c = checks[i];
     if (c.rule != nullptr && c.rule->is_dual_layer())
       return {errc::invalid_argument, "check_all takes single-layer rules; '" + c.rule->name + "' is dual-layer"};
-    if (auto v = validate(c); !v && !exceeds_capacity(c)) return v;
+    // A cost no wait admits is a refusal, not an error: the rest of the check must be valid.
+    check_request rest = c;
+    if (exceeds_capacity(c)) rest.cost = 1;
+    if (auto v = validate(rest); !v) return v;
     for (std::size_t j = 0; j < i; ++j) {
       if (checks[j].rule->name == c.rule->name && checks[j].key == c.key)
         return {errc::invalid_argument, "check_all: rule '" + c.rule->name + "' and one key are checked twice"};

@@ -149,7 +149,8 @@ result<std::shared_ptr<const rls_rules>> rls_rules::build(std::vector<domain_con
     return error(errc::config_invalid, set.error().message);
   }
   out->rules_ = std::move(*set);
-  for (auto& [limit, name] : pending) limit->prepared = out->rules_->find(name);
+  // The set holds the rules in the order given: limit i's is rules()[i].
+  for (std::size_t i = 0; i < pending.size(); ++i) pending[i].first->prepared = out->rules_->rules()[i].get();
   return std::shared_ptr<const rls_rules>(std::move(out));
 }
 

@@ -47,8 +47,9 @@ struct rls_service::call {
     int descriptor;
     const rls_limit* limit;
     const rls_node* node;  // null for an override
-    bool shadow;
-    std::size_t check;  // in `enforcing` or `shadow`
+    bool shadow;           // shadow_mode, or a look (below): decided on its own, never refuses
+    bool look;             // hits_addend 0: the counter looked at, nothing counted (as the reference)
+    std::size_t check;     // in `enforcing` or `shadow`
   };
 
   const pb::RateLimitRequest* req = nullptr;
@@ -124,21 +125,22 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
     }
     if (key.size() > max_key_length) return reject(invalid(which + ": its entries are longer than 512 bytes"));
     std::uint64_t hits = req.hits_addend() == 0 ? 1 : req.hits_addend();
-    if (d.has_hits_addend()) hits = d.hits_addend().value();
-    if (hits == 0 || hits > max_hits)
-      return reject(invalid(which + ": hits_addend must be 1..4294967295, got " + std::to_string(hits)));
+    if (d.has_hits_addend()) hits = d.hits_addend().value();  // 0: look, count nothing
+    if (hits > max_hits)
+      return reject(invalid(which + ": hits_addend must be at most 4294967295, got " + std::to_string(hits)));
     c->hits[static_cast<std::size_t>(i)] = hits;
     if (domain == nullptr) continue;  // an unknown domain limits nothing
     if (d.has_limit()) {
       grpc::Status s;
       auto o = override_for(req.domain(), d.limit().requests_per_unit(), static_cast<unit>(d.limit().unit()), s);
       if (!o) return reject(s);
-      c->limits.push_back({i, &o->limit, nullptr, false, 0});
+      c->limits.push_back({i, &o->limit, nullptr, hits == 0, hits == 0, 0});
       c->overrides.push_back(std::move(o));
       continue;
     }
     if (const rls_node* node = c->rules->match(*domain, entries)) {
-      for (const rls_limit& l : node->limits) c->limits.push_back({i, &l, node, node->shadow_mode, 0});
+      for (const rls_limit& l : node->limits)
+        c->limits.push_back({i, &l, node, node->shadow_mode || hits == 0, hits == 0, 0});
     }
   }
 
@@ -155,22 +157,31 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
     return true;
   });
 
-  // One check per rule and counter key: two descriptors asking for one counter ask for their sum.
+  // One check per rule and counter key: two descriptors asking for one counter ask for their sum
+  // (under the tighter limit, when two overrides of one unit differ). A look asks for a cost no
+  // wait admits, so that the backend only looks.
   for (auto& a : c->limits) {
     auto& checks = a.shadow ? c->shadow : c->enforcing;
     const std::string& key = c->keys[static_cast<std::size_t>(a.descriptor)];
-    const std::int64_t cost = static_cast<std::int64_t>(c->hits[static_cast<std::size_t>(a.descriptor)]);
-    auto same = std::find_if(checks.begin(), checks.end(),
-                             [&](const check_request& r) { return r.prepared == a.limit->prepared && r.key == key; });
+    const prepared_rule& rule = *a.limit->prepared;
+    const std::int64_t cost = a.look ? std::max<std::int64_t>(rule.definition().limit.capacity(), 0) + 1
+                                     : static_cast<std::int64_t>(c->hits[static_cast<std::size_t>(a.descriptor)]);
+    auto same = a.look ? checks.end() : std::find_if(checks.begin(), checks.end(), [&](const check_request& r) {
+      return r.rule->name == rule.definition().name && r.key == key;
+    });
     if (same != checks.end()) {
       same->cost += cost;
+      if (rule.definition().limit.capacity() < same->rule->limit.capacity()) {
+        same->rule = &rule.definition();
+        same->prepared = &rule;
+      }
       a.check = static_cast<std::size_t>(same - checks.begin());
       continue;
     }
     if (checks.size() == max_checks_per_call)
       return reject(invalid("more than " + std::to_string(max_checks_per_call) + " limits apply to one request"));
     a.check = checks.size();
-    checks.push_back(check_request::of(*a.limit->prepared));
+    checks.push_back(check_request::of(rule));
     checks.back().key = key;
     checks.back().cost = cost;
   }
@@ -233,7 +244,7 @@ void rls_service::finish(call& c) {
     const std::uint64_t hits = c.hits[static_cast<std::size_t>(a.descriptor)];
     descriptor_counters* counters = nullptr;
     if (a.node == nullptr) {
-      counters = &counters_.of(c.req->domain(), "override");
+      counters = &counters_.of(c.req->domain(), "(override)");
     } else if (a.node->detailed_metric) {
       std::string path;
       for (const auto& e : c.req->descriptors(a.descriptor).entries()) {
@@ -254,6 +265,7 @@ void rls_service::finish(call& c) {
     const bool refused = !d.allowed && !a.shadow;
     if (r.limit == nullptr || (refused && !r.refused) || (refused == r.refused && d.remaining < r.d.remaining)) {
       r = {&a, d, refused};
+      if (a.look) r.d.retry_after = nanoseconds(0);  // looked at: its window's end is its reset
     }
   }
 
@@ -279,7 +291,7 @@ void rls_service::finish(call& c) {
     current->set_requests_per_unit(cfg.requests_per_unit);
     current->set_unit(static_cast<pb::RateLimitResponse::RateLimit::Unit>(cfg.unit));
     st->set_limit_remaining(as_uint32(r.d.remaining));
-    const nanoseconds reset = r.d.allowed ? r.d.reset_after : r.d.retry_after;
+    const nanoseconds reset = r.d.allowed || r.limit->look ? r.d.reset_after : r.d.retry_after;
     if (reset > nanoseconds(0) && reset != never) {
       st->mutable_duration_until_reset()->set_seconds(reset.count() / 1'000'000'000);
       st->mutable_duration_until_reset()->set_nanos(static_cast<std::int32_t>(reset.count() % 1'000'000'000));

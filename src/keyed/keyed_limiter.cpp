@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -171,7 +170,7 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
         *checks[i].limiter->impl_->table);
   }
   // One lock order for every caller: no deadlock between calls sharing shards.
-  std::sort(locks.begin(), locks.end());
+  std::sort(locks.begin(), locks.end(), std::less<>());
   locks.erase(std::unique(locks.begin(), locks.end()), locks.end());
   for (std::mutex* m : locks) m->lock();
   struct unlock_all {
@@ -181,23 +180,68 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
     }
   } unlock{locks};
 
-  // Each entry is found (or made) right before it is used: making one may move, or drop as idle,
-  // others of its shard. A fresh entry dropped as idle comes back the same. Only at the key cap can
-  // a sibling's insertion take an entry between its look and its record: evicted, it records on a
-  // fresh entry (as a key evicted between two calls would); refused (when_full::refuse), it goes
-  // unrecorded.
+  // Every shard first makes room for the call's keys, so that making one rebuilds nothing (a
+  // rebuild drops idle entries, a fresh one among them); then every entry is made, then found again
+  // without making any. Only at the key cap, where making one evicts another, can the call's new
+  // keys take each other's place: it is then refused, recording nothing.
+  std::vector<std::pair<const void*, std::size_t>> per_shard;  // the call's keys in each shard
+  for (const auto& p : places) {
+    const void* shard = std::visit([](const auto& pl) -> const void* { return pl.where_id(); }, p);
+    auto it = std::find_if(per_shard.begin(), per_shard.end(), [&](const auto& e) { return e.first == shard; });
+    if (it == per_shard.end()) {
+      per_shard.emplace_back(shard, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    std::visit(
+        [&](auto& table) {
+          using table_type = std::decay_t<decltype(table)>;
+          const auto& pl = std::get<typename table_type::place>(places[i]);
+          for (auto& [shard, count] : per_shard) {
+            if (shard != pl.where_id() || count == 0) continue;
+            table.reserve_at(pl, count, now_ns);
+            count = 0;  // once per shard
+          }
+        },
+        *checks[i].limiter->impl_->table);
+  }
+  std::vector<std::variant<gcra_state*, limiter_state*>> states(checks.size());
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const bool made = std::visit(
+        [&](auto& table) {
+          using table_type = std::decay_t<decltype(table)>;
+          return table.entry_at(std::get<typename table_type::place>(places[i]), checks[i].key, now_ns) != nullptr;
+        },
+        *checks[i].limiter->impl_->table);
+    if (!made) return bucket_table::full_error();
+  }
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const bool found = std::visit(
+        [&](auto& table) {
+          using table_type = std::decay_t<decltype(table)>;
+          auto* s = table.existing_at(std::get<typename table_type::place>(places[i]), checks[i].key);
+          states[i] = s;
+          return s != nullptr;
+        },
+        *checks[i].limiter->impl_->table);
+    if (!found)
+      return {errc::capacity_exhausted, "at the key cap, the new keys of one call took each other's place: try again"};
+  }
+
+  // From here nothing is made: the entries found stay where they are.
   bool all_admit = true;
   for (std::size_t i = 0; i < checks.size(); ++i) {
     const keyed_check& c = checks[i];
     const sluice::policy& p = c.limits ? c.limits->policy : c.limiter->impl_->policy;
     auto v = validate_cost(p, c.cost);
     const bool never_admitted = !v && v.error().code == errc::cost_exceeds_burst;
-    std::optional<decision> d = std::visit(
-        [&](auto& table) -> std::optional<decision> {
+    out[i] = std::visit(
+        [&](auto& table) {
           using table_type = std::decay_t<decltype(table)>;
           const auto& pl = std::get<typename table_type::place>(places[i]);
-          auto* s = table.entry_at(pl, c.key, now_ns);
-          if (s == nullptr) return std::nullopt;
+          auto* s = std::get<typename table_type::state_type*>(states[i]);
           if (!never_admitted) return s->evaluate(params_of(pl.params(), c.limits), now_ns, c.cost);
           // Looked at with the least cost, and refused: no wait admits this one.
           decision looked = s->evaluate(params_of(pl.params(), c.limits), now_ns, 1);
@@ -207,9 +251,7 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
           return looked;
         },
         *c.limiter->impl_->table);
-    if (!d) return bucket_table::full_error();
-    out[i] = *d;
-    all_admit = all_admit && d->allowed;
+    all_admit = all_admit && out[i].allowed;
   }
   for (std::size_t i = 0; i < checks.size(); ++i) {
     if (!all_admit) {
@@ -221,8 +263,8 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
         [&](auto& table) {
           using table_type = std::decay_t<decltype(table)>;
           const auto& pl = std::get<typename table_type::place>(places[i]);
-          if (auto* s = table.entry_at(pl, checks[i].key, now_ns))
-            s->commit(params_of(pl.params(), checks[i].limits), now_ns, checks[i].cost);
+          std::get<typename table_type::state_type*>(states[i])->commit(params_of(pl.params(), checks[i].limits),
+                                                                        now_ns, checks[i].cost);
         },
         *checks[i].limiter->impl_->table);
   }

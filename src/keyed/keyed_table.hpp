@@ -213,6 +213,7 @@ class keyed_table {
     shard* where = nullptr;
     std::uint64_t hash = 0;
     std::mutex& mutex() const noexcept { return where->mutex; }
+    const void* where_id() const noexcept { return where; }  // tells shards apart
     const Params& params() const noexcept { return where->params; }
   };
   place locate(std::string_view key) noexcept {
@@ -223,6 +224,18 @@ class keyed_table {
   /// the table refuses it.
   State* entry_at(const place& p, std::string_view key, std::int64_t now) {
     return find_or_insert(*p.where, key, p.hash, now);
+  }
+  /// Makes room in p's shard for `extra` more entries, so that making them rebuilds nothing (a
+  /// rebuild drops idle entries, and a fresh entry is idle). At the key cap it cannot.
+  void reserve_at(const place& p, std::size_t extra, std::int64_t now) {
+    shard& s = *p.where;
+    if (s.size < shard_cap_ && (s.size + extra + 1) * 4 > s.slots.size() * 3) rebuild(s, now, extra);
+  }
+  /// The entry if present; moves nothing.
+  State* existing_at(const place& p, std::string_view key) noexcept {
+    if (p.where->slots.empty()) return nullptr;
+    const std::size_t i = find(*p.where, key, p.hash);
+    return i == npos ? nullptr : &p.where->slots[i].state;
   }
   static error full_error() {
     return {errc::capacity_exhausted, "the limiter holds its maximum number of keys, all in use: new keys are refused"};
@@ -344,11 +357,12 @@ class keyed_table {
 
   // Re-inserts the entries that are not idle into a table at most half full: dropping idle entries
   // may make growing unnecessary, and sweep() may shrink the table.
-  void rebuild(shard& s, std::int64_t now) {
+  // Drops the idle entries, with room for the live ones and `extra` more.
+  void rebuild(shard& s, std::int64_t now, std::size_t extra = 0) {
     auto old = std::move(s.slots);
     std::size_t live = 0;
     for (const slot& e : old) live += (!e.key.empty() && !is_idle(s, e, now)) ? 1 : 0;
-    s.slots = decltype(s.slots)(std::bit_ceil(std::max<std::size_t>(8, 2 * (live + 1))));
+    s.slots = decltype(s.slots)(std::bit_ceil(std::max<std::size_t>(8, 2 * (live + extra + 1))));
     s.size = 0;
     s.heap_bytes = 0;
     for (slot& e : old) {

@@ -54,8 +54,7 @@ class memory_backend_impl final : public memory_backend {
     if (!s) return s.error();
     {
       std::lock_guard lock(mutex_);
-      std::erase_if(prepared_, [](const std::weak_ptr<rule_state>& w) { return w.expired(); });
-      prepared_.push_back(*s);
+      remember_prepared(*s);
     }
     return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(*s)));
   }
@@ -77,8 +76,7 @@ class memory_backend_impl final : public memory_backend {
     }
     {
       std::lock_guard lock(mutex_);
-      std::erase_if(prepared_, [](const std::weak_ptr<rule_state>& w) { return w.expired(); });
-      prepared_.push_back(s);
+      remember_prepared(s);
     }
     return prepared_rule_ptr(std::make_shared<memory_prepared_rule>(r, this, std::move(s)));
   }
@@ -200,6 +198,16 @@ class memory_backend_impl final : public memory_backend {
   }
 
  private:
+  // Under mutex_. Expired entries are dropped each time the list doubles: preparing n rules costs
+  // O(n), not O(n^2), and the list stays within twice the states alive.
+  void remember_prepared(const std::shared_ptr<rule_state>& s) {
+    if (prepared_.size() >= prepared_sweep_at_) {
+      std::erase_if(prepared_, [](const std::weak_ptr<rule_state>& w) { return w.expired(); });
+      prepared_sweep_at_ = std::max<std::size_t>(16, 2 * prepared_.size());
+    }
+    prepared_.push_back(s);
+  }
+
   // Every state in use: the rules checked unprepared, and those prepared and still held.
   std::vector<std::shared_ptr<rule_state>> live_states() {
     std::lock_guard lock(mutex_);
@@ -290,6 +298,7 @@ class memory_backend_impl final : public memory_backend {
   std::mutex mutex_;
   std::map<std::string, std::shared_ptr<rule_state>, std::less<>> rules_;  // guarded by mutex_
   std::vector<std::weak_ptr<rule_state>> prepared_;                        // guarded by mutex_
+  std::size_t prepared_sweep_at_ = 16;                                     // guarded by mutex_
 };
 
 }  // namespace

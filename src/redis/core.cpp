@@ -151,6 +151,7 @@ std::size_t op::script() const { return all ? all_script : rule->call.script; }
 // single Redis), each deciding its checks as one.
 void redis_core::async_check_all(std::span<const check_request> checks, const backend* owner,
                                  check_all_handler handler) {
+  if (!handler) handler = [](result<std::vector<decision>>) {};
   if (auto v = validate_all(checks); !v) return handler(v.error());
   auto call = std::make_shared<all_call>();
   call->reqs.assign(checks.begin(), checks.end());

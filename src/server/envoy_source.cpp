@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -96,8 +97,16 @@ class envoy_source_impl final : public envoy_source {
     prometheus::sample(out, "sluice_envoy_config_errors_total", reload_failures_.load(std::memory_order_relaxed));
   }
 
-  void shutdown(std::chrono::milliseconds grace) override {
-    if (server_) server_->shutdown(grace);
+  ~envoy_source_impl() override { shutdown(); }
+
+  void begin_shutdown(std::chrono::milliseconds grace) override {
+    if (!server_ || stopper_.joinable()) return;
+    stopper_ = std::thread([this, grace] { server_->shutdown(grace); });
+  }
+
+  void shutdown() override {
+    begin_shutdown(std::chrono::milliseconds(0));
+    if (stopper_.joinable()) stopper_.join();
   }
 
  private:
@@ -107,6 +116,7 @@ class envoy_source_impl final : public envoy_source {
   std::unique_ptr<envoy::rls_server> server_;
   dir_signature applied_, pending_;
   std::atomic<std::uint64_t> reload_failures_{0};
+  std::thread stopper_;  // runs the server's shutdown (begin_shutdown)
 };
 
 }  // namespace

@@ -27,8 +27,11 @@ class envoy_source {
   virtual void poll() = 0;
   virtual void reload(std::string_view trigger) = 0;
   virtual void append_metrics(std::string& prometheus_text) = 0;
-  /// Stops taking calls and waits for those running, at most `grace`.
-  virtual void shutdown(std::chrono::milliseconds grace) = 0;
+  /// Stops taking calls; those running get `grace` to finish, on a thread of its own (the HTTP
+  /// drain goes on meanwhile).
+  virtual void begin_shutdown(std::chrono::milliseconds grace) = 0;
+  /// Ends the server (at once if begin_shutdown was not called) and waits for it.
+  virtual void shutdown() = 0;
 };
 
 }  // namespace sluice::server

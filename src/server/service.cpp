@@ -91,7 +91,7 @@ int service::run(const tcp::endpoint& endpoint, unsigned threads) {
   run_guarded(ioc_);
   for (auto& t : pool) t.join();
   // The Envoy API's limits are prepared on the backend: it ends first.
-  if (envoy_) envoy_->shutdown(std::chrono::milliseconds(0));
+  if (envoy_) envoy_->shutdown();
   envoy_.reset();
   // The backend goes first: completions it still holds (a drain that timed out on Redis) are
   // posted to the stopped io_contexts, which must still exist to take them.
@@ -371,8 +371,8 @@ void service::begin_drain() {
   if (draining_.exchange(true)) return;
   beast::error_code ec;
   acceptor_.close(ec);
-  // gRPC calls running are answered (within the drain timeout); new ones are refused.
-  if (envoy_) envoy_->shutdown(current()->cfg.server.drain_timeout);
+  // gRPC calls running are answered within the drain timeout, beside the HTTP drain; new ones are refused.
+  if (envoy_) envoy_->begin_shutdown(current()->cfg.server.drain_timeout);
   watch_timer_.cancel();
   housekeeping_timer_.cancel();
   accept_retry_timer_.cancel();

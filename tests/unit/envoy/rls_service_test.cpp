@@ -161,6 +161,24 @@ TEST_F(EnvoyService, IncrementEverythingAsTheReferenceDoes) {
   EXPECT_EQ(r.statuses(1).limit_remaining(), 0u) << "b was counted though the request was refused";
 }
 
+// A descriptor's hits_addend of 0 looks at its counter and counts nothing (Envoy checks first and
+// counts at the end of a stream).
+TEST_F(EnvoyService, HitsAddendZeroLooksWithoutCounting) {
+  ask(rls_request({{{"remote_address", "a"}}}));
+  auto look = rls_request({{{"remote_address", "a"}}, {{"remote_address", "b"}}});
+  look.mutable_descriptors(0)->mutable_hits_addend()->set_value(0);
+  auto r = ask(look);
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 1u) << "a's count, unchanged";
+  EXPECT_GT(r.statuses(0).duration_until_reset().seconds(), 0);
+  EXPECT_EQ(r.statuses(1).limit_remaining(), 1u);
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "a"}}})).statuses(0).limit_remaining(), 0u);
+  // A look at a spent counter says so, and still refuses nothing.
+  auto spent = ask(look);
+  EXPECT_EQ(spent.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(spent.statuses(0).limit_remaining(), 0u);
+}
+
 TEST_F(EnvoyService, TwoDescriptorsOfOneCounterAskForTheirSum) {
   auto r = ask(rls_request({{{"remote_address", "a"}}, {{"remote_address", "a"}}}));
   EXPECT_EQ(r.statuses(0).limit_remaining(), 0u);
@@ -218,6 +236,17 @@ TEST_F(EnvoyService, ARequestsOwnLimitReplacesTheConfigs) {
   EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 1u);
   limit->set_requests_per_unit(5);  // raised: the same counter, under the new limit
   EXPECT_EQ(ask(req).statuses(0).limit_remaining(), 3u);
+  // Two overrides of one counter in one request: their sum, under the tighter.
+  auto two = rls_request({{{"other", "y"}}, {{"other", "y"}}});
+  for (std::uint32_t rpu : {5u, 3u}) {
+    auto* l = two.mutable_descriptors(rpu == 5 ? 0 : 1)->mutable_limit();
+    l->set_requests_per_unit(rpu);
+    l->set_unit(::envoy::extensions::common::ratelimit::v3::MINUTE);
+  }
+  auto both = ask(two);
+  EXPECT_EQ(both.statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(both.statuses(1).limit_remaining(), 1u);
+  EXPECT_EQ(both.statuses(1).current_limit().requests_per_unit(), 3u);
   limit->set_requests_per_unit(0);
   EXPECT_EQ(ask(req).overall_code(), pb::RateLimitResponse::OVER_LIMIT);
   limit->set_unit(::envoy::extensions::common::ratelimit::v3::UNKNOWN);
@@ -251,15 +280,13 @@ TEST_F(EnvoyService, ResponseHeadersComeFromTheClosestDescriptor) {
 TEST_F(EnvoyService, MalformedRequestsAreRefusedAndCountNothing) {
   auto over_hits = rls_request({{{"database", "users"}}});
   over_hits.mutable_descriptors(0)->mutable_hits_addend()->set_value(std::uint64_t{1} << 40);
-  auto zero_hits = rls_request({{{"database", "users"}}});
-  zero_hits.mutable_descriptors(0)->mutable_hits_addend()->set_value(0);
   pb::RateLimitRequest many;
   many.set_domain("edge");
   for (int i = 0; i <= max_descriptors; ++i) many.add_descriptors()->add_entries()->set_key("database");
   pb::RateLimitRequest long_value = rls_request({{{"remote_address", "x"}}});
   long_value.mutable_descriptors(0)->mutable_entries(0)->set_value(std::string(600, 'v'));
   for (const auto& bad : {rls_request({{{"database", "users"}}}, 0, ""), pb::RateLimitRequest(), rls_request({{}}),
-                          rls_request({{{"", "users"}}}), over_hits, zero_hits, many, long_value}) {
+                          rls_request({{{"", "users"}}}), over_hits, many, long_value}) {
     EXPECT_EQ(refused(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.ShortDebugString().substr(0, 200);
   }
   EXPECT_EQ(ask(rls_request({{{"database", "users"}}})).statuses(0).limit_remaining(), 2u) << "nothing was counted";
