@@ -128,8 +128,9 @@ class backend {
   /// `never`, and the others are then only looked at. Each decision reports its key as it stands
   /// after the call (one that would have admitted but recorded nothing: its unchanged state).
   /// Errors: what validate_all refuses (nothing recorded); a backend failure follows its on_error
-  /// for every check. On a Redis Cluster the call is one script per slot, each all or nothing: a
-  /// refusal in one slot records nothing there, but another slot's checks may be recorded.
+  /// for every check. On a Redis Cluster, where one script sees one slot's keys, a call over
+  /// several slots first looks at each, and records on each only when all would admit: another
+  /// call taking a unit between the two rounds can still leave a refused call recorded in part.
   virtual result<std::vector<decision>> check_all(std::span<const check_request> checks) = 0;
 
   /// As check_all(), completing through `handler`; `checks` and their views must stay valid until

@@ -218,6 +218,8 @@ void batch_builder::add(const command& c, std::size_t kind, int key_count) {
   ++checks;
 }
 
+void set_record(command& c) { c.text[c.args_at + 4] = '1'; }  // the flag's bulk string: "$1\r\n0\r\n"
+
 void batch_builder::add_group(const command& c, std::size_t count) {
   if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);

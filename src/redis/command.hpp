@@ -114,6 +114,9 @@ result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared
 /// batch (batch_builder::add_group).
 command all_command(const std::vector<command>& checks, const std::vector<std::size_t>& scripts, bool record);
 
+/// Turns an all_command() that only looks into one that records when all admit.
+void set_record(command& c);
+
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.
 const std::string& oom_probe_command();

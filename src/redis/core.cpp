@@ -191,26 +191,41 @@ void redis_core::async_check_all(std::span<const check_request> checks, const ba
       it->push_back(i);
     }
   }
+  // No one script sees the keys of several slots: each is first only looked at, and all record
+  // only when every check would admit (complete_part sends that second round). A refusal then
+  // consumes nothing, unless another call takes a unit between the two rounds.
+  const bool two_rounds = record && parts.size() > 1;
+  call->looking = two_rounds;
   call->parts_left = parts.size();
   checks_.fetch_add(checks.size(), std::memory_order_relaxed);
-  for (auto& part : parts) {
-    auto o = std::make_shared<op>();
-    o->all = call;
+  std::vector<command> calls;
+  for (const auto& part : parts) {
     std::vector<command> mine;
     std::vector<std::size_t> scripts_of;
     for (std::size_t i : part) {
       mine.push_back(std::move(commands[i]));
       scripts_of.push_back(call->rules[i]->call.script);
     }
-    o->call = all_command(mine, scripts_of, record);
-    o->part = std::move(part);
-    if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
-      overloaded_.fetch_add(1, std::memory_order_relaxed);
-      complete_part(o, part_failure(*o));
-      continue;
-    }
-    asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+    calls.push_back(all_command(mine, scripts_of, record && !two_rounds));
   }
+  if (two_rounds) {
+    call->part_calls = calls;
+    call->part_checks = parts;
+  }
+  for (std::size_t p = 0; p < parts.size(); ++p) submit_part(call, std::move(calls[p]), std::move(parts[p]));
+}
+
+void redis_core::submit_part(const std::shared_ptr<all_call>& call, command c, std::vector<std::size_t> part) {
+  auto o = std::make_shared<op>();
+  o->all = call;
+  o->call = std::move(c);
+  o->part = std::move(part);
+  if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
+    overloaded_.fetch_add(1, std::memory_order_relaxed);
+    complete_part(o, part_failure(*o));
+    return;
+  }
+  asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
 }
 
 redis_backend_stats redis_core::stats() const {
@@ -613,7 +628,22 @@ void redis_core::complete_part(const op_ptr& o, result<std::vector<decision>> r)
       }
     }
     if (--call.parts_left != 0) return;
-    h = std::move(call.handler);
+    const bool all_admit = std::all_of(call.out.begin(), call.out.end(), [](const decision& d) { return d.allowed; });
+    if (call.looking && !call.failed && all_admit) {
+      call.looking = false;  // every slot would admit: now each records
+      call.parts_left = call.part_calls.size();
+    } else {
+      h = std::move(call.handler);
+    }
+  }
+  if (!h) {
+    const std::shared_ptr<all_call> held = o->all;
+    for (std::size_t p = 0; p < held->part_calls.size(); ++p) {
+      command c = held->part_calls[p];
+      set_record(c);
+      submit_part(held, std::move(c), held->part_checks[p]);
+    }
+    return;
   }
   if (call.failed) return h(*call.failed);
   h(std::move(call.out));

@@ -73,6 +73,11 @@ struct all_call {
   std::vector<decision> out;    // guarded by mutex
   std::optional<error> failed;  // guarded by mutex
   std::size_t parts_left = 0;   // guarded by mutex
+  // Over several slots (a cluster), a first round only looks at each; the second records, sent
+  // only when every check would admit. The parts' calls and checks, for the second round.
+  bool looking = false;  // guarded by mutex
+  std::vector<command> part_calls;
+  std::vector<std::vector<std::size_t>> part_checks;
 };
 
 /// One check (or one part of a check_all) on its way through the backend.
@@ -168,6 +173,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
   void complete(const op_ptr& o, result<decision> r);
+  void submit_part(const std::shared_ptr<all_call>& call, command c, std::vector<std::size_t> part);
   void complete_part(const op_ptr& o, result<std::vector<decision>> r);
   result<std::vector<decision>> part_failure(const op& o);
   void fail(const op_ptr& o, errc code, std::string_view why);

@@ -12,7 +12,7 @@ namespace sluice::envoy {
 
 struct rls_options {
   /// A request passes only if all its descriptors do, and a refused one consumes nothing (on a
-  /// Redis Cluster: nothing among the counters of each slot, see backend::check_all). False counts
+  /// Redis Cluster, but for a race between two rounds: see backend::check_all). False counts
   /// each descriptor on its own, as envoyproxy/ratelimit does, except that a descriptor over its
   /// limit adds nothing to its own counter (the reference's does, past the limit). Default: true.
   bool all_or_nothing = true;

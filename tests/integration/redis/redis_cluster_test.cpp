@@ -180,9 +180,9 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
   EXPECT_TRUE(on_cluster->ready());
 }
 
-// A check_all's checks are decided as one per slot (Redis runs a script on one slot's keys): one
-// slot's refusal consumes nothing there, while another slot's checks are recorded.
-TEST_F(RedisClusterTest, CheckAllIsAllOrNothingPerSlot) {
+// A check_all over several slots (no one script sees them all) first looks at each slot, and all
+// record only when every check would admit: a refusal in one slot consumes nothing in another.
+TEST_F(RedisClusterTest, CheckAllOverSlotsRecordsNothingOnARefusal) {
   auto b = make_cluster();
   const rule strict{.name = "strict", .limit = fixed_window_policy(1, 60s)};
   const rule loose{.name = "loose", .limit = fixed_window_policy(5, 60s)};
@@ -199,17 +199,17 @@ TEST_F(RedisClusterTest, CheckAllIsAllOrNothingPerSlot) {
   std::vector<check_request> checks{{.rule = &strict, .key = "k"}, {.rule = &loose, .key = other}};
   auto first = b->check_all(checks).value();
   EXPECT_TRUE(first[0].allowed && first[1].allowed);
-  EXPECT_EQ(first[1].remaining, 4);
+  EXPECT_EQ(first[1].remaining, 4) << "both slots recorded";
 
   checks.push_back({.rule = &loose, .key = same});
   auto second = b->check_all(checks).value();
   EXPECT_FALSE(second[0].allowed);
   EXPECT_TRUE(second[1].allowed);
-  EXPECT_EQ(second[1].remaining, 3) << "another slot: recorded";
+  EXPECT_EQ(second[1].remaining, 4) << "another slot: nothing recorded";
   EXPECT_TRUE(second[2].allowed);
   EXPECT_EQ(second[2].remaining, 5) << "strict's slot: nothing recorded";
   EXPECT_EQ(b->check({.rule = &loose, .key = same}).value().remaining, 4);
-  EXPECT_EQ(b->check({.rule = &loose, .key = other}).value().remaining, 2);
+  EXPECT_EQ(b->check({.rule = &loose, .key = other}).value().remaining, 3);
   EXPECT_EQ(b->stats().protocol_errors + b->stats().unavailable, 0u);
 }
 
