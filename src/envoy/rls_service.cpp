@@ -241,32 +241,34 @@ void rls_service::finish(call& c) {
   std::vector<reported> per(static_cast<std::size_t>(n));
   for (const auto& a : c.limits) {
     const decision& d = (a.shadow ? c.shadow_out : c.enforcing_out)[a.check];
-    const std::uint64_t hits = c.hits[static_cast<std::size_t>(a.descriptor)];
-    descriptor_counters* counters = nullptr;
-    if (a.node == nullptr) {
-      counters = &counters_.of(c.req->domain(), "(override)");
-    } else if (a.node->detailed_metric) {
-      std::string path;
-      for (const auto& e : c.req->descriptors(a.descriptor).entries()) {
-        if (!path.empty()) path += '.';
-        path += e.key();
-        path += '_';
-        path += e.value();
-      }
-      counters = &counters_.detailed(c.req->domain(), path, *a.node->counters);
-    } else {
-      counters = a.node->counters;
-    }
-    counters->hits.fetch_add(hits, std::memory_order_relaxed);
-    (d.allowed ? counters->within_limit : counters->over_limit).fetch_add(hits, std::memory_order_relaxed);
-    if (!d.allowed && a.shadow) counters->shadow_mode.fetch_add(hits, std::memory_order_relaxed);
-
     reported& r = per[static_cast<std::size_t>(a.descriptor)];
     const bool refused = !d.allowed && !a.shadow;
     if (r.limit == nullptr || (refused && !r.refused) || (refused == r.refused && d.remaining < r.d.remaining)) {
       r = {&a, d, refused};
       if (a.look) r.d.retry_after = nanoseconds(0);  // looked at: its window's end is its reset
     }
+  }
+  // A descriptor's units count once, under its own path (as the reference's stats do): over the
+  // limit when the limit it reports refused (in shadow_mode too), else within.
+  for (int i = 0; i < n; ++i) {
+    const reported& r = per[static_cast<std::size_t>(i)];
+    if (r.limit == nullptr) continue;
+    const call::applied& a = *r.limit;
+    descriptor_counters* counters = a.node != nullptr ? a.node->counters : &counters_.of(c.req->domain(), "(override)");
+    if (a.node != nullptr && a.node->detailed_metric) {
+      std::string path;
+      for (const auto& e : c.req->descriptors(i).entries()) {
+        if (!path.empty()) path += '.';
+        path += e.key();
+        path += '_';
+        path += e.value();
+      }
+      counters = &counters_.detailed(c.req->domain(), path, *a.node->counters);
+    }
+    const std::uint64_t hits = c.hits[static_cast<std::size_t>(i)];
+    counters->hits.fetch_add(hits, std::memory_order_relaxed);
+    (r.d.allowed ? counters->within_limit : counters->over_limit).fetch_add(hits, std::memory_order_relaxed);
+    if (!r.d.allowed && a.shadow && !a.look) counters->shadow_mode.fetch_add(hits, std::memory_order_relaxed);
   }
 
   pb::RateLimitResponse& resp = *c.resp;

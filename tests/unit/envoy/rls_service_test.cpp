@@ -200,6 +200,13 @@ TEST_F(EnvoyService, SeveralLimitsOnOneDescriptorAreAllOrNothing) {
   EXPECT_EQ(last.overall_code(), pb::RateLimitResponse::OK);
   EXPECT_EQ(last.statuses(0).limit_remaining(), 0u);
   EXPECT_EQ(last.statuses(0).current_limit().unit(), pb::RateLimitResponse::RateLimit::HOUR);
+  // Its units count once per request, whatever the number of its limits.
+  std::string metrics;
+  service_.append_metrics(metrics);
+  EXPECT_NE(metrics.find("sluice_envoy_hits_total{domain=\"edge\",descriptor=\"two\"} 4"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("sluice_envoy_over_limit_total{domain=\"edge\",descriptor=\"two\"} 1"), std::string::npos);
+  EXPECT_NE(metrics.find("sluice_envoy_within_limit_total{domain=\"edge\",descriptor=\"two\"} 3"), std::string::npos);
 }
 
 TEST_F(EnvoyService, ShadowModeCountsButNeverRefuses) {
