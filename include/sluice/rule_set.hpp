@@ -56,6 +56,7 @@ class rule_set {
   rule_set() = default;
 
   void add(prepared_rule_ptr p);
+  const prepared_rule_ptr* entry(std::string_view name) const noexcept;
 
   std::vector<prepared_rule_ptr> rules_;
   std::unordered_map<std::string_view, std::size_t> by_name_;  // index into rules_

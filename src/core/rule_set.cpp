@@ -1,7 +1,5 @@
 #include "sluice/rule_set.hpp"
 
-#include <algorithm>
-
 namespace sluice {
 
 result<std::shared_ptr<const rule_set>> rule_set::build(backend& b, const std::vector<rule>& rules, origin from,
@@ -10,9 +8,7 @@ result<std::shared_ptr<const rule_set>> rule_set::build(backend& b, const std::v
   set->rules_.reserve(rules.size());
   for (const rule& r : rules) {
     if (set->find(r.name) != nullptr) return error(errc::invalid_argument, "rule '" + r.name + "' is defined twice");
-    const auto before_at = previous ? previous->by_name_.find(r.name) : decltype(previous->by_name_)::const_iterator{};
-    const prepared_rule_ptr* before =
-        previous && before_at != previous->by_name_.end() ? &previous->rules_[before_at->second] : nullptr;
+    const prepared_rule_ptr* before = previous ? previous->entry(r.name) : nullptr;
     if (before != nullptr && (*before)->definition() == r && (*before)->owner() == &b) {
       // Unchanged: the same prepared form, so the same state.
       set->add(*before);
@@ -34,9 +30,14 @@ void rule_set::add(prepared_rule_ptr p) {
   rules_.push_back(std::move(p));
 }
 
-const prepared_rule* rule_set::find(std::string_view name) const noexcept {
+const prepared_rule_ptr* rule_set::entry(std::string_view name) const noexcept {
   auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : rules_[it->second].get();
+  return it == by_name_.end() ? nullptr : &rules_[it->second];
+}
+
+const prepared_rule* rule_set::find(std::string_view name) const noexcept {
+  const prepared_rule_ptr* p = entry(name);
+  return p ? p->get() : nullptr;
 }
 
 }  // namespace sluice
