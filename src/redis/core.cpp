@@ -107,21 +107,13 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
     handler(v.error());
     return;
   }
-  // A rule not prepared here is prepared now, for this check (its local fallback finds the rule
-  // by name): its parameters go into the script, so a bad one is the caller's error, not Redis's.
   std::shared_ptr<const redis_prepared_rule> made;
-  const redis_prepared_rule* prepared = nullptr;
-  if (req.prepared != nullptr && req.prepared->owner() == owner) {
-    prepared = static_cast<const redis_prepared_rule*>(req.prepared);
-  } else {
-    auto p = prepare_script(*req.rule, owner);
-    if (!p) {
-      handler(p.error());
-      return;
-    }
-    made = std::move(*p);
-    prepared = made.get();
+  auto found = prepared_for(req, owner, made);
+  if (!found) {
+    handler(found.error());
+    return;
   }
+  const redis_prepared_rule* prepared = *found;
   checks_.fetch_add(1, std::memory_order_relaxed);
   if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
     pending_.fetch_sub(1, std::memory_order_relaxed);
@@ -139,13 +131,31 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
   o->rule = prepared;
   o->made = std::move(made);
   o->handler = std::move(handler);
-  // With a test clock its `now` goes in the call; the deadline is set when it is sent.
-  const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
-  o->call = evalsha_command(prepared->call, prepared->definition(), o->req, options_.key_prefix, now, -1);
+  // The deadline is set when it is sent.
+  o->call = evalsha_command(prepared->call, prepared->definition(), o->req, options_.key_prefix, now_us(), -1);
   asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
 }
 
 std::size_t op::script() const { return all ? all_script : rule->call.script; }
+
+// A rule not prepared here is prepared now, for this check, into `made` (its local fallback finds
+// the rule by name): its parameters go into the script, so a bad one is the caller's error, not
+// Redis's.
+result<const redis_prepared_rule*> redis_core::prepared_for(const check_request& req, const backend* owner,
+                                                            std::shared_ptr<const redis_prepared_rule>& made) {
+  if (req.prepared != nullptr && req.prepared->owner() == owner) {
+    return static_cast<const redis_prepared_rule*>(req.prepared);
+  }
+  auto p = prepare_script(*req.rule, owner);
+  if (!p) return p.error();
+  made = std::move(*p);
+  return made.get();
+}
+
+// A call's `now`: a test clock's goes in the call; otherwise -1, and the script reads TIME.
+std::int64_t redis_core::now_us() const {
+  return options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
+}
 
 // Each check prepared (as async_check does), its command built; then one op per slot (one on a
 // single Redis), each deciding its checks as one.
@@ -159,18 +169,15 @@ void redis_core::async_check_all(std::span<const check_request> checks, const ba
   call->out.resize(checks.size());
   bool record = true;
   for (const check_request& req : checks) {
-    if (req.prepared != nullptr && req.prepared->owner() == owner) {
-      call->rules.push_back(static_cast<const redis_prepared_rule*>(req.prepared));
-    } else {
-      auto p = prepare_script(*req.rule, owner);
-      if (!p) return call->handler(p.error());
-      call->made.push_back(std::move(*p));
-      call->rules.push_back(call->made.back().get());
-    }
+    std::shared_ptr<const redis_prepared_rule> made;
+    auto found = prepared_for(req, owner, made);
+    if (!found) return call->handler(found.error());
+    call->rules.push_back(*found);
+    if (made) call->made.push_back(std::move(made));
     call->never.push_back(exceeds_capacity(req));
     record = record && !call->never.back();
   }
-  const std::int64_t now = options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
+  const std::int64_t now = now_us();
   std::vector<command> commands;
   for (std::size_t i = 0; i < checks.size(); ++i) {
     check_request req = checks[i];

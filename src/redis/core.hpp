@@ -158,6 +158,9 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   // --- the check's path (core.cpp) ---------------------------------------------------------------
   static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
+  static result<const redis_prepared_rule*> prepared_for(const check_request& req, const backend* owner,
+                                                         std::shared_ptr<const redis_prepared_rule>& made);
+  std::int64_t now_us() const;
   void submit(op_ptr o);
   void dispatch(const op_ptr& o);
   void send_to(node& n, const op_ptr& o, bool asking);
