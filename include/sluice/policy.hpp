@@ -92,6 +92,9 @@ result<void> validate_cost(const policy& p, std::int64_t cost);
 /// `capacity_name` names it in the message ("burst", "limit").
 result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name);
 
+/// Whether `cost` is more than `p` can ever admit (validate_cost's errc::cost_exceeds_burst): a
+/// refusal for ever rather than a bad request, for the callers that say so (backend::check_all).
+bool exceeds_capacity(const policy& p, std::int64_t cost) noexcept;
 /// Checks a key or id: at most `max_key_length` bytes. Any bytes are allowed.
 result<void> validate_key(std::string_view key, std::string_view what = "key");
 

@@ -32,9 +32,7 @@ result<void> validate(const check_request& req) {
 }
 
 bool exceeds_capacity(const check_request& req) noexcept {
-  if (req.rule == nullptr || req.rule->is_dual_layer()) return false;
-  auto v = validate_cost(req.rule->limit, req.cost);
-  return !v && v.error().code == errc::cost_exceeds_burst;
+  return req.rule != nullptr && !req.rule->is_dual_layer() && exceeds_capacity(req.rule->limit, req.cost);
 }
 
 result<void> validate_all(std::span<const check_request> checks) {

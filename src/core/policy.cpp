@@ -55,6 +55,11 @@ result<void> validate_cost(const policy& p, std::int64_t cost) {
   return validate_cost(cost, p.limit, "limit");
 }
 
+bool exceeds_capacity(const policy& p, std::int64_t cost) noexcept {
+  auto v = validate_cost(p, cost);
+  return !v && v.error().code == errc::cost_exceeds_burst;
+}
+
 result<void> validate_key(std::string_view key, std::string_view what) {
   if (key.size() > max_key_length) {
     return {errc::key_too_long, std::string(what) + " is " + std::to_string(key.size()) + " bytes; the maximum is " +

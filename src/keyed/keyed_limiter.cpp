@@ -180,77 +180,72 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
     }
   } unlock{locks};
 
+  // Calls fn(table, place) for check i, with the types of its table.
+  auto on_entry = [&](std::size_t i, auto&& fn) {
+    return std::visit(
+        [&](auto& table) {
+          using table_type = std::decay_t<decltype(table)>;
+          return fn(table, std::get<typename table_type::place>(places[i]));
+        },
+        *checks[i].limiter->impl_->table);
+  };
+
   // Every shard first makes room for the call's keys, so that making one rebuilds nothing (a
   // rebuild drops idle entries, a fresh one among them); then every entry is made, then found again
   // without making any. Only at the key cap, where making one evicts another, can the call's new
   // keys take each other's place: it is then refused, recording nothing.
-  std::vector<std::pair<const void*, std::size_t>> per_shard;  // the call's keys in each shard
-  for (const auto& p : places) {
-    const void* shard = std::visit([](const auto& pl) -> const void* { return pl.where_id(); }, p);
-    auto it = std::find_if(per_shard.begin(), per_shard.end(), [&](const auto& e) { return e.first == shard; });
-    if (it == per_shard.end()) {
-      per_shard.emplace_back(shard, 1);
+  struct shard_use {
+    const void* shard;
+    std::size_t first;  // a check whose key lives there
+    std::size_t keys;
+  };
+  std::vector<shard_use> shards;
+  for (std::size_t i = 0; i < checks.size(); ++i) {
+    const void* shard = std::visit([](const auto& pl) -> const void* { return pl.where_id(); }, places[i]);
+    auto it = std::find_if(shards.begin(), shards.end(), [&](const shard_use& u) { return u.shard == shard; });
+    if (it == shards.end()) {
+      shards.push_back({shard, i, 1});
     } else {
-      ++it->second;
+      ++it->keys;
     }
   }
+  for (const shard_use& u : shards) {
+    on_entry(u.first, [&](auto& table, const auto& pl) { table.reserve_at(pl, u.keys, now_ns); });
+  }
   for (std::size_t i = 0; i < checks.size(); ++i) {
-    std::visit(
-        [&](auto& table) {
-          using table_type = std::decay_t<decltype(table)>;
-          const auto& pl = std::get<typename table_type::place>(places[i]);
-          for (auto& [shard, count] : per_shard) {
-            if (shard != pl.where_id() || count == 0) continue;
-            table.reserve_at(pl, count, now_ns);
-            count = 0;  // once per shard
-          }
-        },
-        *checks[i].limiter->impl_->table);
+    const bool made =
+        on_entry(i, [&](auto& table, const auto& pl) { return table.entry_at(pl, checks[i].key, now_ns) != nullptr; });
+    if (!made) return bucket_table::full_error();
   }
   std::vector<std::variant<gcra_state*, limiter_state*>> states(checks.size());
   for (std::size_t i = 0; i < checks.size(); ++i) {
-    const bool made = std::visit(
-        [&](auto& table) {
-          using table_type = std::decay_t<decltype(table)>;
-          return table.entry_at(std::get<typename table_type::place>(places[i]), checks[i].key, now_ns) != nullptr;
-        },
-        *checks[i].limiter->impl_->table);
-    if (!made) return bucket_table::full_error();
-  }
-  for (std::size_t i = 0; i < checks.size(); ++i) {
-    const bool found = std::visit(
-        [&](auto& table) {
-          using table_type = std::decay_t<decltype(table)>;
-          auto* s = table.existing_at(std::get<typename table_type::place>(places[i]), checks[i].key);
-          states[i] = s;
-          return s != nullptr;
-        },
-        *checks[i].limiter->impl_->table);
+    const bool found = on_entry(i, [&](auto& table, const auto& pl) {
+      auto* s = table.existing_at(pl, checks[i].key);
+      states[i] = s;
+      return s != nullptr;
+    });
     if (!found)
       return {errc::capacity_exhausted, "at the key cap, the new keys of one call took each other's place: try again"};
   }
+  auto state_of = [&](std::size_t i, auto& table) {
+    return std::get<typename std::decay_t<decltype(table)>::state_type*>(states[i]);
+  };
 
   // From here nothing is made: the entries found stay where they are.
   bool all_admit = true;
   for (std::size_t i = 0; i < checks.size(); ++i) {
     const keyed_check& c = checks[i];
-    const sluice::policy& p = c.limits ? c.limits->policy : c.limiter->impl_->policy;
-    auto v = validate_cost(p, c.cost);
-    const bool never_admitted = !v && v.error().code == errc::cost_exceeds_burst;
-    out[i] = std::visit(
-        [&](auto& table) {
-          using table_type = std::decay_t<decltype(table)>;
-          const auto& pl = std::get<typename table_type::place>(places[i]);
-          auto* s = std::get<typename table_type::state_type*>(states[i]);
-          if (!never_admitted) return s->evaluate(params_of(pl.params(), c.limits), now_ns, c.cost);
-          // Looked at with the least cost, and refused: no wait admits this one.
-          decision looked = s->evaluate(params_of(pl.params(), c.limits), now_ns, 1);
-          if (looked.allowed) looked.remaining += 1;
-          looked.allowed = false;
-          looked.retry_after = never;
-          return looked;
-        },
-        *c.limiter->impl_->table);
+    const bool never_admitted = exceeds_capacity(c.limits ? c.limits->policy : c.limiter->impl_->policy, c.cost);
+    out[i] = on_entry(i, [&](auto& table, const auto& pl) {
+      auto* s = state_of(i, table);
+      if (!never_admitted) return s->evaluate(params_of(pl.params(), c.limits), now_ns, c.cost);
+      // Looked at with the least cost, and refused: no wait admits this one.
+      decision looked = s->evaluate(params_of(pl.params(), c.limits), now_ns, 1);
+      if (looked.allowed) looked.remaining += 1;
+      looked.allowed = false;
+      looked.retry_after = never;
+      return looked;
+    });
     all_admit = all_admit && out[i].allowed;
   }
   for (std::size_t i = 0; i < checks.size(); ++i) {
@@ -259,14 +254,9 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
       if (out[i].allowed) out[i].remaining += checks[i].cost;
       continue;
     }
-    std::visit(
-        [&](auto& table) {
-          using table_type = std::decay_t<decltype(table)>;
-          const auto& pl = std::get<typename table_type::place>(places[i]);
-          std::get<typename table_type::state_type*>(states[i])->commit(params_of(pl.params(), checks[i].limits),
-                                                                        now_ns, checks[i].cost);
-        },
-        *checks[i].limiter->impl_->table);
+    on_entry(i, [&](auto& table, const auto& pl) {
+      state_of(i, table)->commit(params_of(pl.params(), checks[i].limits), now_ns, checks[i].cost);
+    });
   }
   return {};
 }
