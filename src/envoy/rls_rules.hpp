@@ -109,7 +109,6 @@ class rls_rules {
 
   std::size_t domain_count() const noexcept { return domains_.size(); }
   std::size_t limit_count() const noexcept { return rules_->size(); }
-  std::uint64_t version() const noexcept { return rules_->version(); }
   const rule_set& rules() const noexcept { return *rules_; }
 
  private:

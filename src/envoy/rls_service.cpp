@@ -39,6 +39,7 @@ std::uint32_t as_uint32(std::int64_t v) {
 struct rls_service::override_limit {
   rls_limit limit;
   prepared_rule_ptr prepared;
+  descriptor_counters* counters = nullptr;  // its domain's overrides'
 };
 
 // One request on its way: its checks, and what answers it when the backend has decided them.
@@ -46,10 +47,11 @@ struct rls_service::call {
   struct applied {
     int descriptor;
     const rls_limit* limit;
-    const rls_node* node;  // null for an override
-    bool shadow;           // shadow_mode, or a look (below): decided on its own, never refuses
-    bool look;             // hits_addend 0: the counter looked at, nothing counted (as the reference)
-    std::size_t check;     // in `enforcing` or `shadow`
+    const rls_node* node;           // null for an override
+    descriptor_counters* counters;  // its node's, or its domain's overrides
+    bool shadow;                    // shadow_mode, or a look (below): decided on its own, never refuses
+    bool look;                      // hits_addend 0: the counter looked at, nothing counted (as the reference)
+    std::size_t check;              // in `enforcing` or `shadow`
   };
 
   const pb::RateLimitRequest* req = nullptr;
@@ -134,13 +136,13 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
       grpc::Status s;
       auto o = override_for(req.domain(), d.limit().requests_per_unit(), static_cast<unit>(d.limit().unit()), s);
       if (!o) return reject(s);
-      c->limits.push_back({i, &o->limit, nullptr, hits == 0, hits == 0, 0});
+      c->limits.push_back({i, &o->limit, nullptr, o->counters, hits == 0, hits == 0, 0});
       c->overrides.push_back(std::move(o));
       continue;
     }
     if (const rls_node* node = c->rules->match(*domain, entries)) {
       for (const rls_limit& l : node->limits)
-        c->limits.push_back({i, &l, node, node->shadow_mode || hits == 0, hits == 0, 0});
+        c->limits.push_back({i, &l, node, node->counters, node->shadow_mode || hits == 0, hits == 0, 0});
     }
   }
 
@@ -254,7 +256,7 @@ void rls_service::finish(call& c) {
     const reported& r = per[static_cast<std::size_t>(i)];
     if (r.limit == nullptr) continue;
     const call::applied& a = *r.limit;
-    descriptor_counters* counters = a.node != nullptr ? a.node->counters : &counters_.of(c.req->domain(), "(override)");
+    descriptor_counters* counters = a.counters;
     if (a.node != nullptr && a.node->detailed_metric) {
       std::string path;
       for (const auto& e : c.req->descriptors(i).entries()) {
@@ -364,6 +366,7 @@ std::shared_ptr<const rls_service::override_limit> rls_service::override_for(con
   }
   o->prepared = std::move(*p);
   o->limit.prepared = o->prepared.get();
+  o->counters = &counters_.of(domain, "(override)");
   overrides_.emplace(key, o);
   return o;
 }

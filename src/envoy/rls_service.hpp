@@ -49,7 +49,6 @@ class rls_service {
   void set_rules(std::shared_ptr<const rls_rules> rules);
   std::shared_ptr<const rls_rules> rules() const;
   counter_registry& counters() noexcept { return counters_; }
-  const rls_options& options() const noexcept { return options_; }
 
   /// Decides `req` into `resp` (both valid until `done` runs), then calls `done`: inline on an
   /// in-process backend, else on the backend's thread. INVALID_ARGUMENT for a malformed request
