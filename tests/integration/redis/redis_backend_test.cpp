@@ -640,19 +640,25 @@ TEST_F(RedisBackendTest, AsyncChecksArePipelinedAndAllComplete) {
   EXPECT_EQ(b->stats().redis_decisions, static_cast<std::uint64_t>(n));
 }
 
+// One single-layer rule of each algorithm, with limits small enough for bursts to reach them.
+std::vector<rule> batch_rules() {
+  return {
+      {.name = "tb", .limit = token_bucket_policy(per_second(20), 6)},
+      {.name = "swl", .limit = sliding_window_policy(8, 1s)},
+      {.name = "swc", .limit = sliding_window_counter_policy(8, 1s)},
+      {.name = "fw", .limit = fixed_window_policy(8, 1s)},
+  };
+}
+
 // Bursts of asynchronous checks from one thread over a few keys of every kind of rule: those that
 // arrive while calls are in flight share calls of the batch script, and each decision is the one
 // the in-process backend gives the same checks one by one in the same order (a batch is one µs).
 TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
   auto b = make();
   auto memory = make_memory_backend({.clock = &clock_}).value();
-  const rule rules[] = {
-      {.name = "tb", .limit = token_bucket_policy(per_second(20), 6)},
-      {.name = "swl", .limit = sliding_window_policy(8, 1s)},
-      {.name = "swc", .limit = sliding_window_counter_policy(8, 1s)},
-      {.name = "fw", .limit = fixed_window_policy(8, 1s)},
-      {.name = "dual", .limit = fixed_window_policy(4, 1s), .tenant = token_bucket_policy(per_second(20), 7)},
-  };
+  std::vector<rule> rules = batch_rules();
+  rules.push_back(
+      {.name = "dual", .limit = fixed_window_policy(4, 1s), .tenant = token_bucket_policy(per_second(20), 7)});
   const std::string ids[] = {"a", "b", "c"};
   std::mt19937 rng(5);
   const std::uint64_t calls_before = b->stats().calls;
@@ -684,12 +690,7 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
 TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
   auto b = make();
   auto memory = make_memory_backend({.clock = &clock_}).value();
-  const rule rules[] = {
-      {.name = "tb", .limit = token_bucket_policy(per_second(20), 6)},
-      {.name = "swl", .limit = sliding_window_policy(8, 1s)},
-      {.name = "swc", .limit = sliding_window_counter_policy(8, 1s)},
-      {.name = "fw", .limit = fixed_window_policy(8, 1s)},
-  };
+  const std::vector<rule> rules = batch_rules();
   const std::string ids[] = {"a", "b", "c"};
   std::mt19937 rng(9);
   const std::uint64_t calls_before = b->stats().calls;
