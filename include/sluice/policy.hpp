@@ -106,6 +106,18 @@ enum class when_full : std::uint8_t {
   refuse,  ///< Refuse the new key (errc::capacity_exhausted) until an entry is idle.
 };
 
+/// Serving a rule shared through Redis from leases (redis_backend.hpp, "Leases"): an instance takes
+/// a key's units from the shared state ahead of its checks and admits from them in process. Off
+/// unless a rule has one; the in-process backend, exact and local already, ignores it.
+struct lease_policy {
+  /// How long a lease's units may be used, 10 ms to 10 s. Default: 200 ms.
+  nanoseconds period = std::chrono::milliseconds(200);
+  /// The most of the leased layer's capacity one instance holds at once, 0 < max_share <= 0.5
+  /// (at least one unit). Default: 0.1.
+  double max_share = 0.1;
+  friend bool operator==(const lease_policy&, const lease_policy&) = default;
+};
+
 /// A named limit. With `tenant` set it is a dual-layer rule: `limit` applies per (tenant, user),
 /// `tenant` per tenant, and a check is admitted only when both admit.
 struct rule {
@@ -114,6 +126,9 @@ struct rule {
   std::optional<policy> tenant;
   /// The in-process backend at its key cap (see when_full). Default: evict.
   sluice::when_full when_full = when_full::evict;
+  /// Leases for the shared layer: the rule's limit, or a dual-layer rule's tenant layer (the user
+  /// layer stays exact). Not for a sliding window log. Default: none (every check asks Redis).
+  std::optional<lease_policy> lease;
 
   bool is_dual_layer() const noexcept { return tenant.has_value(); }
   friend bool operator==(const rule&, const rule&) = default;

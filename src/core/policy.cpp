@@ -75,6 +75,23 @@ result<void> validate(const rule& r) {
     if (auto v = validate(*r.tenant); !v)
       return {v.error().code, "rule '" + r.name + "' tenant layer: " + v.error().message};
   }
+  if (r.lease) {
+    const lease_policy& l = *r.lease;
+    if (l.period < std::chrono::milliseconds(10) || l.period > std::chrono::seconds(10)) {
+      return {errc::invalid_argument, "rule '" + r.name + "': lease period must be 10 ms to 10 s"};
+    }
+    if (!(l.max_share > 0 && l.max_share <= 0.5)) {
+      return {errc::invalid_argument, "rule '" + r.name + "': lease max_share must be > 0 and <= 0.5"};
+    }
+    const policy& leased = r.tenant ? *r.tenant : r.limit;
+    if (leased.algorithm == algorithm::sliding_window_log) {
+      // A log keeps each admission's own time: units taken ahead would be logged when leased,
+      // not when used, and so leave the window too early.
+      return {errc::invalid_argument, "rule '" + r.name +
+                                          "': a sliding_window (log) cannot be leased; use "
+                                          "sliding_window_counter or fixed_window"};
+    }
+  }
   return {};
 }
 

@@ -53,6 +53,9 @@ void append_params(std::string& out, const policy& p) {
   bulk(out, "0");
 }
 
+// The index an algorithm has in the lease and batch scripts (their `fs` tables).
+std::int64_t algorithm_index(const policy& p) { return static_cast<std::int64_t>(p.algorithm); }
+
 // The deadline's digits: fixed width, so set_deadline can rewrite them in place when the command is
 // sent. Lua's tonumber reads leading zeros ("-0000000000000001" is -1).
 constexpr std::size_t deadline_width = 17;
@@ -114,6 +117,15 @@ result<prepared_script> prepare_script(const rule& r) {
   }
   p.tag = state_tag(r.limit);
   append_params(p.params, r.limit);
+  if (r.lease) {
+    const policy& leased = p.dual ? *r.tenant : r.limit;
+    bulk(p.leased_params, algorithm_index(leased));
+    append_params(p.leased_params, leased);
+    if (p.dual) {
+      append_params(p.user_params, r.limit);
+      p.user_script = single_script(r.limit.algorithm);
+    }
+  }
   return p;
 }
 
@@ -152,6 +164,80 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   c += "\r\n";
   set_deadline(cmd, deadline_us);
   return cmd;
+}
+
+namespace {
+
+// A script call: *argc, EVALSHA, sha, numkeys, keys..., now, `args` (`argc` bulk strings), deadline.
+command script_call(std::size_t script, std::initializer_list<std::string_view> keys, std::int64_t now_us,
+                    std::string_view args, std::size_t argc) {
+  command cmd;
+  std::string& c = cmd.text;
+  c += '*';
+  c += std::to_string(3 + keys.size() + 1 + argc + 1);
+  c += "\r\n";
+  cmd.header = c.size();
+  bulk(c, "EVALSHA");
+  bulk(c, scripts()[script].sha1);
+  cmd.rest = c.size();
+  bulk(c, static_cast<std::int64_t>(keys.size()));
+  cmd.keys_at = c.size();
+  for (std::string_view k : keys) bulk(c, k);
+  cmd.keys_end = c.size();
+  cmd.slot = key_slot(*keys.begin());  // they share it: the tenant's hash tag
+  bulk(c, now_us);
+  cmd.args_at = c.size();
+  c += args;
+  cmd.args_end = c.size();
+  c += "$17\r\n";
+  cmd.deadline_at = c.size();
+  c.append(deadline_width, '0');
+  c += "\r\n";
+  set_deadline(cmd, -1);
+  return cmd;
+}
+
+// The key of the leased layer: the rule's, or a dual-layer rule's tenant's.
+std::string leased_key(const prepared_script& p, const rule& r, const check_request& req, std::string_view prefix) {
+  return p.dual ? tenant_key(prefix, r.name, req.tenant, p.tenant_tag) : single_key(prefix, r.name, req.key, p.tag);
+}
+
+}  // namespace
+
+command lease_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                      std::int64_t now_us, std::int64_t cost, std::int64_t want, std::int64_t hold_ns) {
+  std::string args;
+  bulk(args, cost);
+  bulk(args, want);
+  args += p.leased_params;
+  bulk(args, hold_ns);
+  const std::string leased = leased_key(p, r, req, key_prefix);
+  if (!p.dual || cost == 0) return script_call(lease_script, {leased}, now_us, args, 7);
+  bulk(args, static_cast<std::int64_t>(p.user_script));  // a single script's index is its algorithm's
+  args += p.user_params;
+  const std::string user = user_key(key_prefix, r.name, req.tenant, req.user, p.tag);
+  return script_call(lease_dual_script, {leased, user}, now_us, args, 11);
+}
+
+command user_layer_command(const prepared_script& p, const rule& r, const check_request& req,
+                           std::string_view key_prefix, std::int64_t now_us) {
+  std::string args;
+  bulk(args, req.cost);
+  args += p.user_params;
+  const std::string user = user_key(key_prefix, r.name, req.tenant, req.user, p.tag);
+  return script_call(p.user_script, {user}, now_us, args, 4);
+}
+
+command give_back_command(const prepared_script& p, const rule& r, const check_request& req,
+                          std::string_view key_prefix, std::int64_t now_us, std::string_view token,
+                          std::int64_t units) {
+  const policy& leased = p.dual ? *r.tenant : r.limit;
+  std::string args;
+  bulk(args, algorithm_index(leased));
+  bulk(args, token);
+  bulk(args, units);
+  bulk(args, leased.algorithm == algorithm::token_bucket ? make_gcra_params(leased.rate, leased.burst).interval_ns : 0);
+  return script_call(give_back_script, {leased_key(p, r, req, key_prefix)}, now_us, args, 4);
 }
 
 void set_deadline(command& c, std::int64_t deadline_us) { write_deadline(c.text.data() + c.deadline_at, deadline_us); }
@@ -206,6 +292,39 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
     return {errc::backend_protocol,
             p.dual ? "unexpected reply from the dual-layer script" : "unexpected reply from the rate-limit script"};
   return *d;
+}
+
+result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, const redisReply& r) {
+  const bool both = p.dual && !leased_alone;
+  const std::size_t values = both ? 8 : 4;  // then units, token, valid µs, now
+  const auto bad = [] { return error(errc::backend_protocol, "unexpected reply from the lease script"); };
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != values + 4) return bad();
+  long long v[12];
+  for (std::size_t i = 0; i < r.elements; ++i) {
+    const redisReply& e = *r.element[i];
+    if (i == values + 1) {
+      if (e.type != REDIS_REPLY_STRING || e.len > 256) return bad();
+      continue;
+    }
+    if (e.type != REDIS_REPLY_INTEGER) return bad();
+    v[i] = e.integer;
+  }
+  const std::int64_t leased_limit = p.dual ? p.tenant_limit : p.limit;
+  std::optional<decision> d;
+  if (both) {
+    d = decision_of(p, v);
+  } else if (v[0] == 0 || v[0] == 1) {
+    d = layer_decision(v, leased_limit);
+  }
+  if (!d) return bad();
+  lease_reply out;
+  out.check = *d;
+  out.leased = layer_decision(v, leased_limit);
+  out.units = v[values];
+  out.valid_us = v[values + 2];
+  if (out.units < 0 || out.units > (1LL << 53) || (out.units > 0 && !d->allowed)) return bad();
+  out.token.assign(r.element[values + 1]->str, r.element[values + 1]->len);
+  return out;
 }
 
 void batch_builder::add(const command& c, std::size_t kind, int key_count) {

@@ -43,6 +43,10 @@ struct prepared_script {
   std::string params;             ///< RESP bulk strings: the tenant's then the user's, or the rule's.
   std::string tag;                ///< The keys' state tag (keys.hpp): the user layer's, or the rule's.
   std::string tenant_tag;         ///< Dual only: the tenant layer's.
+  // A leased rule (rule::lease) only:
+  std::string leased_params;      ///< RESP: the leased layer's algorithm index and three parameters.
+  std::string user_params;        ///< Dual: the user layer's three parameters (checked without a lease).
+  std::size_t user_script = 0;    ///< Dual: the user layer's single-layer script (and algorithm index).
 };
 
 /// The script and packed parameters of `r`. Errors (nothing made): what validate(r) refuses, and
@@ -116,6 +120,37 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
 
 /// Turns an all_command() that only looks into one that records when all admit.
 void set_record(command& c);
+
+/// A check of a leased rule that takes its lease (the lease scripts, scripts.cpp): `cost` checked
+/// and up to `want` units of the leased layer recorded, its slots held for `hold_ns` (a token
+/// bucket). A refill ahead of need (cost 0) leases the leased layer alone (a dual-layer rule's
+/// tenant). Its deadline is set as any command's.
+command lease_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                      std::int64_t now_us, std::int64_t cost, std::int64_t want, std::int64_t hold_ns);
+
+/// A dual-layer check's user layer alone, as a single-layer check of the user's key: the tenant's
+/// unit came from a lease.
+command user_layer_command(const prepared_script& p, const rule& r, const check_request& req,
+                           std::string_view key_prefix, std::int64_t now_us);
+
+/// The give-back of `units` of a lease taken with `token`, on the leased layer of `req`'s keys.
+command give_back_command(const prepared_script& p, const rule& r, const check_request& req,
+                          std::string_view key_prefix, std::int64_t now_us, std::string_view token,
+                          std::int64_t units);
+
+/// What a lease call answered.
+struct lease_reply {
+  decision check;          ///< The check's decision, as an exact check reports it (+ the lease's units left).
+  decision leased;         ///< The leased layer's figures alone (a dual-layer rule's tenant layer).
+  std::int64_t units = 0;  ///< Units leased, the check's own cost included; 0 when refused.
+  std::string token;       ///< What the give-back compares.
+  std::int64_t valid_us = 0;  ///< How long the units may be used, from the call's `now`.
+};
+
+/// The reply of lease_command(); `leased_alone` for a refill's (the leased layer's figures only).
+/// Errors (errc::backend_protocol): another shape or type, an `allowed` not 0 or 1, units negative
+/// or leased by a refusal, a token over 256 bytes.
+result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, const redisReply& r);
 
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.

@@ -50,7 +50,8 @@ redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool
       deadline_timer_(strand_),
       local_(std::move(local)),
       log_(o.error_log_interval),
-      refresh_timer_(strand_) {
+      refresh_timer_(strand_),
+      lease_timer_(strand_) {
   if (cluster_) {
     slots_.assign(slot_count, nullptr);
   } else {
@@ -84,13 +85,30 @@ void redis_core::shutdown() {
 
 // What prepare() makes and the local fallback's own prepared form of the rule, which keeps the
 // fallback's state for as long as the prepared rule is held.
-result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare(const rule& r, const backend* owner) const {
+result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare(const rule& r, const backend* owner) {
   auto p = prepare_script(r, owner);
-  if (!p || !local_) return p;
-  auto l = local_->prepare(r);
-  if (!l) return l.error();
-  (*p)->local = std::move(*l);
+  if (!p) return p;
+  if (local_) {
+    auto l = local_->prepare(r);
+    if (!l) return l.error();
+    (*p)->local = std::move(*l);
+  }
+  if (r.lease) {
+    std::lock_guard lock(leases_mutex_);
+    std::shared_ptr<lease_counters>& counters = lease_counters_[r.name];
+    if (!counters) counters = std::make_shared<lease_counters>();
+    (*p)->leases = std::make_shared<lease_table>(r, (*p)->call, max_leased_keys, counters);
+    (*p)->core = weak_from_this();
+    std::erase_if(lease_tables_, [](const auto& t) { return t.expired(); });
+    lease_tables_.push_back((*p)->leases);
+    asio::post(strand_, [self = shared_from_this()] { self->arm_lease_timer(); });
+  }
   return p;
+}
+
+redis_prepared_rule::~redis_prepared_rule() {
+  if (!leases) return;
+  if (auto c = core.lock()) c->return_leases(std::move(leases));
 }
 
 result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare_script(const rule& r, const backend* owner) {
@@ -115,6 +133,16 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
   }
   const redis_prepared_rule* prepared = *found;
   checks_.fetch_add(1, std::memory_order_relaxed);
+  if (prepared->leases && !made) {
+    prepared->leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
+    return check_leased(req, *prepared, std::move(handler));
+  }
+  send_check(req, prepared, std::move(made), std::move(handler));
+}
+
+// A check sent to Redis alone (or in a batch): its op made and posted to the strand.
+void redis_core::send_check(const check_request& req, const redis_prepared_rule* prepared,
+                            std::shared_ptr<const redis_prepared_rule> made, check_handler handler) {
   if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
     pending_.fetch_sub(1, std::memory_order_relaxed);
     overloaded_.fetch_add(1, std::memory_order_relaxed);
@@ -136,7 +164,10 @@ void redis_core::async_check(const check_request& req, const backend* owner, che
   asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
 }
 
-std::size_t op::script() const { return all ? all_script : rule->call.script; }
+std::size_t op::script() const {
+  if (lease) return lease->script;
+  return all ? all_script : rule->call.script;
+}
 
 // A rule not prepared here is prepared now, for this check, into `made` (its local fallback finds
 // the rule by name): its parameters go into the script, so a bad one is the caller's error, not
@@ -516,6 +547,11 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool 
   if (is_expired_reply(*reply)) {
     return fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
   }
+  if (o->lease) {
+    finish_lease(o, *reply);
+    trim_inflight();
+    return;
+  }
   if (o->all) {
     std::vector<const prepared_script*> calls;
     for (std::size_t i : o->part) calls.push_back(&o->all->rules[i]->call);
@@ -610,6 +646,7 @@ void redis_core::fail(const op_ptr& o, errc code, std::string_view why) {
     }
   }
   if (o->all) return complete_part(o, part_failure(*o));
+  if (o->lease) return fail_lease(o);
   complete(o, failure_decision(o->req, *o->rule));
 }
 
@@ -896,6 +933,7 @@ void redis_core::do_shutdown() {
   stopping_ = true;
   deadline_timer_.cancel();
   refresh_timer_.cancel();
+  lease_timer_.cancel();
   if (single_) close_node(*single_);  // waiting checks complete with "unavailable"
   for (auto& [address, n] : nodes_) close_node(*n);
   for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");

@@ -10,7 +10,8 @@
 // loss. What Redis cannot answer follows on_error; each node's circuit breaker (breaker.hpp) stops
 // paying the timeout while that node is down.
 //
-// core.cpp holds the check's path; cluster_routing.cpp the cluster's slot map (discovery from the
+// core.cpp holds the check's path; core_leases.cpp a leased rule's (lease_table.hpp);
+// cluster_routing.cpp the cluster's slot map (discovery from the
 // seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
@@ -39,6 +40,7 @@
 #include "redis/cluster_topology.hpp"
 #include "redis/command.hpp"
 #include "redis/connection.hpp"
+#include "redis/lease_table.hpp"
 #include "redis/server_clock.hpp"
 #include "redis/strand.hpp"
 #include "sluice/memory_backend.hpp"
@@ -51,11 +53,35 @@ namespace sluice::detail {
 
 using steady = std::chrono::steady_clock;
 
-/// What prepare() makes of a rule: its script call, and the rule as the local fallback prepared it.
+class redis_core;
+
+/// What prepare() makes of a rule: its script call, the rule as the local fallback prepared it, and
+/// a leased rule's leases, given back when it is dropped.
 struct redis_prepared_rule final : prepared_rule {
   redis_prepared_rule(const rule& r, const backend* owner) : prepared_rule(r, owner) {}
+  ~redis_prepared_rule() override;
   prepared_script call;
-  prepared_rule_ptr local;  // on_error = local only
+  prepared_rule_ptr local;               // on_error = local only
+  std::shared_ptr<lease_table> leases;   // rule::lease only
+  std::weak_ptr<redis_core> core;        // leases only: where to give them back
+};
+
+/// A lease's call on its way (lease_table.hpp), and what its reply updates.
+struct lease_call {
+  enum class kind : std::uint8_t {
+    take,        ///< A check that takes a lease.
+    refill,      ///< More units for a key, ahead of need (no check waits for it).
+    user_layer,  ///< A dual-layer check's user layer, its tenant's unit from a lease.
+    give_back,   ///< A lease's unused units back to Redis.
+  };
+  kind what = kind::take;
+  std::shared_ptr<lease_table> table;  // held: a refill or give-back may outlive the rule
+  std::string key;                     // the leased layer's key
+  std::int64_t cost = 0;               // the check's (0: a refill)
+  std::int64_t sent_ns = 0;            // local time, taken before it is sent
+  std::size_t script = 0;
+  decision tenant;                     // user_layer: the tenant layer, from the lease
+  lease_reservation reserved;          // user_layer: put back when the user layer refuses or fails
 };
 
 struct node;
@@ -96,6 +122,7 @@ struct op {
   bool alone = false;             // never batched again: its batch was refused whole (a redirection)
   std::shared_ptr<all_call> all;  // a part of a check_all: then `req`, `rule` and `handler` are unused
   std::vector<std::size_t> part;  // the indices of its checks in all->reqs
+  std::shared_ptr<lease_call> lease;  // a lease's call (never batched)
 
   std::size_t script() const;  // the index of the script it calls
 };
@@ -128,6 +155,10 @@ inline constexpr int max_redirects = 5;
 /// Most cluster nodes connected at once (Redis Cluster's own design ceiling is 1,000): a hostile or
 /// broken topology cannot make the backend open connections without bound.
 inline constexpr std::size_t max_nodes = 1024;
+/// Most keys of one leased rule holding leases on one instance (the others are checked without).
+inline constexpr std::size_t max_leased_keys = 100'000;
+/// How often leases whose period ended are given back.
+inline constexpr std::chrono::milliseconds lease_sweep_interval{50};
 /// Slot map refreshes start at most this often (MOVED and lost connections ask for one).
 inline constexpr std::chrono::milliseconds min_refresh_gap{100};
 
@@ -144,13 +175,20 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   /// Thread-safe.
   bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
-  result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner) const;
+  result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner);
   void async_check(const check_request& req, const backend* owner, check_handler handler);
   void async_check_all(std::span<const check_request> checks, const backend* owner, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return cluster_; }
   redis_backend_stats stats() const;
   void forget_rule(std::string_view name);
+  /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
+  /// lease call is in flight. Not on the io threads (there it only starts it).
+  void sweep_leases();
+  /// Appends the per-rule lease counters (sluice_lease_*).
+  void append_lease_metrics(std::string& out) const;
+  /// Gives back every lease of a dropped rule's table. Thread-safe.
+  void return_leases(std::shared_ptr<lease_table> table);
 
  private:
   struct reply_box;  // what a command sent on a connection carries to its callback
@@ -161,6 +199,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   static result<const redis_prepared_rule*> prepared_for(const check_request& req, const backend* owner,
                                                          std::shared_ptr<const redis_prepared_rule>& made);
   std::int64_t now_us() const;
+  void send_check(const check_request& req, const redis_prepared_rule* prepared,
+                  std::shared_ptr<const redis_prepared_rule> made, check_handler handler);
   void submit(op_ptr o);
   void dispatch(const op_ptr& o);
   void send_to(node& n, const op_ptr& o, bool asking);
@@ -184,6 +224,19 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void trim_inflight();
   void arm_deadline();
   void expire_due();
+
+  // --- leases (core.cpp) -------------------------------------------------------------------------
+  std::int64_t local_ns() const;  // the time leases run on: the test clock's, or the steady clock's
+  void check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler);
+  bool send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
+                  const redis_prepared_rule* rule, check_handler handler);
+  void finish_lease(const op_ptr& o, const redisReply& reply);
+  void fail_lease(const op_ptr& o);
+  void lease_call_finished();
+  void sweep_now(std::function<void()> when_idle);
+  void send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g);
+  std::vector<std::shared_ptr<lease_table>> live_lease_tables();
+  void arm_lease_timer();
 
   // --- nodes: their connections' events, breakers, out of memory (core.cpp) ----------------------
   node_ptr make_node(const endpoint& where);
@@ -237,6 +290,15 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   std::size_t next_query_node_ = 0;  // round robin over the masters asked
   bool deadline_armed_ = false;
   bool stopping_ = false;
+  asio::steady_timer lease_timer_;
+  bool lease_timer_armed_ = false;
+  std::vector<std::function<void()>> when_leases_idle_;  // told once no lease call is in flight
+
+  // Leases, any thread.
+  mutable std::mutex leases_mutex_;
+  std::vector<std::weak_ptr<lease_table>> lease_tables_;                          // guarded
+  std::map<std::string, std::shared_ptr<lease_counters>, std::less<>> lease_counters_;  // guarded, by rule name
+  std::atomic<std::size_t> lease_calls_{0};  // in flight
 
   // Any thread.
   std::atomic<bool> ready_{false};

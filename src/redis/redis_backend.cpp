@@ -77,6 +77,7 @@ class redis_backend_impl final : public redis_backend {
   }
 
   bool ready() override { return core_->ready(); }
+  void sweep_idle() override { core_->sweep_leases(); }
   void forget_rule(std::string_view rule_name) override { core_->forget_rule(rule_name); }
   redis_backend_stats stats() const override { return core_->stats(); }
 
@@ -102,6 +103,7 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
     metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
            st.out_of_memory ? 1 : 0);
+    core_->append_lease_metrics(out);
     if (!core_->cluster()) return;
     metric("sluice_redis_cluster_redirections_total", "counter", "Checks sent on by MOVED, ASK or READONLY.",
            st.redirections);

@@ -330,6 +330,102 @@ out[4 * n + 1] = now
 return out
 )lua";
 
+// Takes a lease (lease.hpp): checks `cost` (0 for a refill ahead of need: then looks at one
+// unit) and, when it admits, records up to `want` units (at least the cost; at most what fits) and
+// replies {1, remaining, 0, reset µs, units, token, valid µs}: remaining after the lease less the
+// check's own cost (what an exact check reports, plus the lease's units left), the units leased,
+// what a give-back compares (a token bucket's value; a window's index), and for how long the units
+// may be used (a window: until it ends; a token bucket: until the last unit's slot ends, within
+// 1 µs, rounded down). A refusal replies the algorithm's four values, then 0, '', 0.
+// A token-bucket lease holds the bucket's timeline until `hold` ns from now when that is further
+// than its units reach: unit j of n may be used until its slot ends, n - j intervals before the
+// last one's, and a lease used evenly over its period never outruns them (extra slots before the
+// units are spent without being used, up to the hold; what cannot fit is not taken).
+constexpr std::string_view lease_lua = R"lua(
+local leasable = {token_bucket, nil, sliding_window_counter, fixed_window}
+local function lease(key, alg, cost, want, p1, p2, p3, hold)
+  local f = leasable[alg + 1]
+  local look = math.max(cost, 1)
+  local a, r, w, z = f(key, look, p1, p2, p3, false)
+  if a == 0 then
+    return 0, r, w, z, 0, '', 0
+  end
+  local fit = look + r
+  local n = math.min(want, fit)
+  local extra = 0
+  if alg == 0 and p1 > 0 then
+    local debt = z * 1000 - look * p1
+    extra = math.min(fit - n, math.max(0, math.floor((hold - n * p1 - debt) / p1)))
+  end
+  a, r, w, z = f(key, n + extra, p1, p2, p3, true)
+  if alg == 0 then
+    return 1, r + n - cost, 0, z, n, redis.call('GET', key) or '', z - 1
+  end
+  local index = math.floor(now / p2)
+  return 1, r + n - cost, 0, z, n, string.format('%d', index), p2 - (now - index * p2)
+end
+)lua";
+
+// A single-layer lease: KEYS[1]; ARGV[1] = now, cost, want, the algorithm's index, its three
+// parameters, hold ns, deadline. The reply: lease()'s seven values, then now.
+constexpr std::string_view lease_main = R"lua(
+local out = {lease(KEYS[1], tonumber(ARGV[4]), cost, tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))}
+out[8] = now
+return out
+)lua";
+
+// A dual-layer check whose tenant layer is leased, all or nothing as dual(): KEYS = tenant, user;
+// ARGV[1] = now, cost, want, the tenant's algorithm index, its three parameters, hold ns, the
+// user's algorithm index, its three parameters, deadline. The user layer records only when the
+// tenant layer admits, and the tenant's lease is taken only when the user layer admitted. The
+// reply: the tenant's four values, the user's four, the lease's units, token and valid µs, now.
+constexpr std::string_view lease_dual_main = R"lua(
+local tk, uk, want, talg = KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local t1, t2, t3, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local uf = fs[tonumber(ARGV[9]) + 1]
+local u1, u2, u3 = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local ta, tr, tw, tz = leasable[talg + 1](tk, cost, t1, t2, t3, false)
+if ta == 0 then
+  local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, false)
+  if ua == 1 then ur = ur + cost end
+  return {0, tr, tw, tz, ua, ur, uw, uz, 0, '', 0, now}
+end
+local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, true)
+if ua == 0 then
+  return {1, tr + cost, tw, tz, 0, ur, uw, uz, 0, '', 0, now}
+end
+local a, r, w, z, n, token, valid = lease(tk, talg, cost, want, t1, t2, t3, hold)
+return {a, r, w, z, 1, ur, uw, uz, n, token, valid, now}
+)lua";
+
+// Gives a lease's unused units back, when that is still exact: KEYS[1]; ARGV[1] = now, the
+// algorithm's index, the lease's token, the units, a token bucket's interval ns, deadline. A window
+// takes them off its count while it is still the lease's window; a token bucket moves its TAT back by their slots
+// (x/time/rate's Cancel) while its value is still the one the lease wrote, i.e. nobody took a unit
+// since — the units are then the last slots. Replies {units given back (0: none), now}.
+constexpr std::string_view give_back_main = R"lua(
+local key, alg, token, units = KEYS[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local v = redis.call('GET', key)
+if not v then return {0, now} end
+if alg == 0 then
+  if v ~= token then return {0, now} end
+  local us, frac, interval, tolerance = string.match(v, '^(%d+)%.?(%d*) (%d+) (%d+)$')
+  if not us then return {0, now} end
+  local debt = (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3)) - units * tonumber(ARGV[5])
+  if debt <= 0 then
+    redis.call('DEL', key)
+  else
+    local ns = debt % 1000
+    redis.call('SET', key, string.format('%d.%03d %s %s', now + (debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(debt / 1000000)))
+  end
+  return {units, now}
+end
+local i, c, rest = string.match(v, '^(%-?%d+) (%d+)(.*)$')
+if i ~= token then return {0, now} end
+redis.call('SET', key, string.format('%s %d%s', i, math.max(0, tonumber(c) - units), rest), 'KEEPTTL')
+return {units, now}
+)lua";
+
 constexpr const algorithm_lua* algorithms[algorithm_count] = {&token_bucket_lua, &sliding_window_log_lua,
                                                               &sliding_window_counter_lua, &fixed_window_lua};
 
@@ -402,6 +498,19 @@ std::string all_or_nothing() {
   return body;
 }
 
+std::string with_every_algorithm(std::string body) {
+  for (const algorithm_lua* a : algorithms) body += as_function(*a);
+  body += "local fs = {token_bucket, sliding_window_log, sliding_window_counter, fixed_window}\n";
+  body += lease_lua;
+  return body;
+}
+
+std::string lease_single() {
+  return with_every_algorithm(prelude()) + std::string(lease_main);
+}
+
+std::string lease_dual() { return with_every_algorithm(prelude()) + std::string(lease_dual_main); }
+
 script make(std::string name, std::string body) {
   std::string sha = sha1_hex(body);
   return {std::move(name), std::move(body), std::move(sha)};
@@ -432,6 +541,9 @@ const std::array<script, script_count>& scripts() {
     }
     out[batch_script] = make("batch", batch());
     out[all_script] = make("all", all_or_nothing());
+    out[lease_script] = make("lease", lease_single());
+    out[lease_dual_script] = make("lease_dual", lease_dual());
+    out[give_back_script] = make("give_back", time_and_deadline("ARGV[#ARGV]") + std::string(give_back_main));
     return out;
   }();
   return all;

@@ -13,7 +13,8 @@
 // {tenant allowed, remaining, retry µs, reset µs, user allowed, remaining, retry µs, reset µs};
 // the check is admitted when both layers admit (see combine_layers). A retry_after of -1 means "never".
 // The batch script decides many checks of any rules in one call, the all-or-nothing script the
-// checks of one check_all() (their layouts in scripts.cpp).
+// checks of one check_all(), the lease scripts take and give back leases (their layouts in
+// scripts.cpp).
 //
 // Thread-safe: constants.
 #pragma once
@@ -28,14 +29,21 @@
 namespace sluice::detail {
 
 inline constexpr std::size_t algorithm_count = 4;
-/// 4 single-layer scripts, 16 dual-layer ones, then the batch script and the all-or-nothing one.
-inline constexpr std::size_t script_count = algorithm_count + algorithm_count * algorithm_count + 2;
-/// The script that decides many checks in one call.
-inline constexpr std::size_t batch_script = script_count - 2;
-/// The script that decides the single-layer checks of one check_all() as one.
-inline constexpr std::size_t all_script = script_count - 1;
 /// The batch script's kind for a check_all's group (after the 4 single and 16 dual kinds).
 inline constexpr std::size_t group_kind = algorithm_count + algorithm_count * algorithm_count;
+/// The script that decides many checks in one call.
+inline constexpr std::size_t batch_script = group_kind;
+/// The script that decides the single-layer checks of one check_all() as one.
+inline constexpr std::size_t all_script = batch_script + 1;
+/// The script that checks a leased single-layer rule and takes its lease (lease.hpp).
+inline constexpr std::size_t lease_script = all_script + 1;
+/// The same for a dual-layer rule whose tenant layer is leased.
+inline constexpr std::size_t lease_dual_script = lease_script + 1;
+/// The script that gives a lease's unused units back.
+inline constexpr std::size_t give_back_script = lease_dual_script + 1;
+/// 4 single-layer scripts, 16 dual-layer ones, the batch script, the all-or-nothing one, and the
+/// three of leases.
+inline constexpr std::size_t script_count = give_back_script + 1;
 
 struct script {
   std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".

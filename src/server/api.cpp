@@ -110,6 +110,10 @@ json rule_json(const rule& r) {
     j["window"] = window_text(r.limit.window);
   }
   j["when_full"] = r.when_full == when_full::refuse ? "refuse" : "evict";
+  if (r.lease) {
+    j["lease"] = window_text(r.lease->period);
+    j["lease_max_share"] = r.lease->max_share;
+  }
   return j;
 }
 

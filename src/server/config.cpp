@@ -285,7 +285,7 @@ result<rule> read_rule(const section& s) {
   r.name = *name;
   bool dual = s.has("tenant_limit") || s.has("user_limit");
   if (*a == algorithm::token_bucket) {
-    if (auto v = s.only({"name", "algorithm", "rate", "burst", "when_full"},
+    if (auto v = s.only({"name", "algorithm", "rate", "burst", "when_full", "lease", "lease_max_share"},
                         "(algorithm token_bucket takes rate and burst)");
         !v) {
       return v.error();
@@ -296,7 +296,7 @@ result<rule> read_rule(const section& s) {
     if (!burst) return burst.error();
     r.limit = token_bucket_policy(per_second(*rate), *burst);
   } else if (dual) {
-    if (auto v = s.only({"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full"},
+    if (auto v = s.only({"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full", "lease", "lease_max_share"},
                         "(a dual-layer rule takes window, tenant_limit and user_limit)");
         !v) {
       return v.error();
@@ -313,7 +313,7 @@ result<rule> read_rule(const section& s) {
     r.limit = window_policy(*a, *user, *window);
     r.tenant = window_policy(*a, *tenant, *window);
   } else {
-    if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full"},
+    if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full", "lease", "lease_max_share"},
                         ("(algorithm " + std::string(to_string(*a)) + " takes limit and window)").c_str());
         !v) {
       return v.error();
@@ -332,6 +332,20 @@ result<rule> read_rule(const section& s) {
     r.when_full = when_full::refuse;
   } else {
     return s.bad("when_full", "must be evict or refuse, got \"" + *full + "\"");
+  }
+  if (s.has("lease")) {
+    auto period = s.duration("lease");
+    if (!period) return period.error();
+    lease_policy l{.period = *period};
+    if (s.has("lease_max_share")) {
+      auto share = s.positive_number("lease_max_share", 0.5);
+      if (!share) return share.error();
+      l.max_share = *share;
+    }
+    r.lease = l;
+    if (auto v = validate(r); !v) return s.bad("lease", v.error().message);
+  } else if (s.has("lease_max_share")) {
+    return s.bad("lease_max_share", "needs lease (the lease period) on the same rule");
   }
   if (auto v = validate(r); !v) return s.bad("name", "defines an invalid rule: " + v.error().message);
   return r;

@@ -1,0 +1,302 @@
+// A leased rule's checks through the Redis backend (core.hpp, lease_table.hpp): answered from the
+// key's lease where it can, else by one call that takes the lease; the calls that refill leases
+// ahead of need and give back what a lease did not use.
+#include <hiredis/hiredis.h>
+
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/post.hpp>
+#include <future>
+
+#include "redis/core.hpp"
+#include "redis/scripts.hpp"
+#include "sluice/prometheus.hpp"
+
+namespace sluice::detail {
+namespace {
+
+void ignore(result<decision>) {}
+
+// The request naming only the leased layer's key (a refill's, a give-back's).
+check_request leased_key_request(const lease_table& t, const std::string& key) {
+  check_request req{.rule = &t.definition()};
+  (t.script().dual ? req.tenant : req.key) = key;
+  return req;
+}
+
+}  // namespace
+
+std::int64_t redis_core::local_ns() const {
+  if (options_.clock_for_test) return to_ns(options_.clock_for_test->now());
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count();
+}
+
+// Any thread. What the key's lease says, done: answered here, sent, or left waiting for the call
+// in flight (which resumes it).
+void redis_core::check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler) {
+  lease_table& table = *p.leases;
+  const bool dual = p.call.dual;
+  const std::string_view key = dual ? req.tenant : req.key;
+  const std::int64_t now = local_ns();
+  struct context {
+    redis_core* self;
+    const check_request* req;
+    const redis_prepared_rule* p;
+    check_handler* handler;
+  } ctx{this, &req, &p, &handler};
+  // One pointer captured: no allocation unless the check does wait.
+  const std::function<lease_waiter()> make_waiter = [&ctx]() -> lease_waiter {
+    return [self = ctx.self->shared_from_this(), req = *ctx.req, p = ctx.p,
+            handler = std::move(*ctx.handler)](bool failed) mutable {
+      if (failed) return handler(self->failure_decision(req, *p));
+      self->check_leased(req, *p, std::move(handler));
+    };
+  };
+  lease_plan plan = table.check(key, req.cost, now, make_waiter);
+  switch (plan.what) {
+    case lease_plan::step::wait: return;
+    case lease_plan::step::exact:
+      table.counters().redis_calls.fetch_add(1, std::memory_order_relaxed);
+      return send_check(req, &p, nullptr, std::move(handler));
+    case lease_plan::step::refuse: {
+      decision d = plan.leased;
+      if (dual) {
+        // The user layer is not asked: it reports its limit, as unchecked.
+        const std::int64_t user = p.definition().limit.capacity();
+        d = combine_layers(d, {.allowed = true, .limit = user, .remaining = user});
+      }
+      return handler(d);
+    }
+    case lease_plan::step::take: {
+      auto call = std::make_shared<lease_call>();
+      call->what = lease_call::kind::take;
+      call->table = p.leases;
+      call->key = std::string(key);
+      call->cost = req.cost;
+      call->sent_ns = now;
+      call->script = dual ? lease_dual_script : lease_script;
+      command c = lease_command(p.call, p.definition(), req, options_.key_prefix, now_us(), req.cost, plan.want,
+                                table.hold_ns());
+      send_lease(std::move(call), std::move(c), req, &p, std::move(handler));
+      return;
+    }
+    case lease_plan::step::admit: break;
+  }
+  if (plan.refill > 0) {
+    auto call = std::make_shared<lease_call>();
+    call->what = lease_call::kind::refill;
+    call->table = p.leases;
+    call->key = std::string(key);
+    call->sent_ns = now;
+    call->script = lease_script;
+    command c = lease_command(p.call, p.definition(), leased_key_request(table, call->key), options_.key_prefix,
+                              now_us(), 0, plan.refill, table.hold_ns());
+    send_lease(std::move(call), std::move(c), {}, nullptr, ignore);
+  }
+  if (!dual) return handler(plan.leased);
+  // The tenant's units came from the lease; the user layer is exact, and its refusal puts them back.
+  auto call = std::make_shared<lease_call>();
+  call->what = lease_call::kind::user_layer;
+  call->table = p.leases;
+  call->key = std::string(key);
+  call->cost = req.cost;
+  call->sent_ns = now;
+  call->script = p.call.user_script;
+  call->tenant = plan.leased;
+  call->reserved = plan.reservation;
+  command c = user_layer_command(p.call, p.definition(), req, options_.key_prefix, now_us());
+  send_lease(std::move(call), std::move(c), req, &p, std::move(handler));
+}
+
+// Any thread. Sends a lease's call as its own op (never batched: the batch script has no lease
+// kind); `req` and `rule` are the check's (none for a refill or give-back). False when overloaded:
+// it then failed at once.
+bool redis_core::send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
+                            const redis_prepared_rule* rule, check_handler handler) {
+  call->table->counters().redis_calls.fetch_add(1, std::memory_order_relaxed);
+  lease_calls_.fetch_add(1, std::memory_order_relaxed);
+  auto o = std::make_shared<op>();
+  o->req = req;
+  o->rule = rule;
+  o->handler = std::move(handler);
+  o->call = std::move(c);
+  o->alone = true;
+  o->lease = std::move(call);
+  if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
+    overloaded_.fetch_add(1, std::memory_order_relaxed);
+    fail_lease(o);
+    return false;
+  }
+  asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+  return true;
+}
+
+// On the strand: a lease call's reply (not an error, not expired).
+void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
+  lease_call& l = *o->lease;
+  lease_table& t = *l.table;
+  switch (l.what) {
+    case lease_call::kind::give_back: {
+      const bool counted = reply.type == REDIS_REPLY_ARRAY && reply.elements == 2 &&
+                           reply.element[0]->type == REDIS_REPLY_INTEGER && reply.element[0]->integer > 0;
+      if (counted) {
+        t.counters().units_returned.fetch_add(static_cast<std::uint64_t>(reply.element[0]->integer),
+                                              std::memory_order_relaxed);
+      }
+      complete(o, decision{});
+      break;
+    }
+    case lease_call::kind::user_layer: {
+      auto d = parse_reply(t.user_layer(), reply);
+      if (!d) return fail(o, errc::backend_protocol, d.error().message);
+      redis_decisions_.fetch_add(1, std::memory_order_relaxed);
+      if (!d->allowed) t.undo(l.key, l.reserved, local_ns());
+      complete(o, combine_layers(l.tenant, *d));
+      break;
+    }
+    case lease_call::kind::take:
+    case lease_call::kind::refill: {
+      auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, reply);
+      if (!r) return fail(o, errc::backend_protocol, r.error().message);
+      if (l.what == lease_call::kind::take) redis_decisions_.fetch_add(1, std::memory_order_relaxed);
+      decision check = r->check;
+      std::vector<lease_waiter> waiting = t.answered(l.key, {.sent_ns = l.sent_ns, .used = l.cost, .reply = *r}, local_ns());
+      if (t.dropped()) {
+        // Its rule was dropped while this call was in flight: what it leased goes back at once.
+        for (const give_back& g : t.drain(local_ns())) send_give_back(l.table, g);
+      }
+      complete(o, check);
+      for (lease_waiter& w : waiting) w(false);
+      break;
+    }
+  }
+  lease_call_finished();
+}
+
+// Any thread: a lease call that Redis did not answer (or that could not be sent).
+void redis_core::fail_lease(const op_ptr& o) {
+  lease_call& l = *o->lease;
+  switch (l.what) {
+    case lease_call::kind::give_back:
+      // Its units stay counted until their window ends or their slots pass: nothing is lost.
+      complete(o, decision{});
+      break;
+    case lease_call::kind::user_layer:
+      l.table->undo(l.key, l.reserved, local_ns());
+      complete(o, failure_decision(o->req, *o->rule));
+      break;
+    case lease_call::kind::take:
+    case lease_call::kind::refill: {
+      std::vector<lease_waiter> waiting = l.table->failed(l.key);
+      if (l.what == lease_call::kind::take) {
+        complete(o, failure_decision(o->req, *o->rule));
+      } else {
+        complete(o, decision{});
+      }
+      for (lease_waiter& w : waiting) w(true);  // as their own calls would have
+      break;
+    }
+  }
+  lease_call_finished();
+}
+
+// Any thread.
+void redis_core::lease_call_finished() {
+  if (lease_calls_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  asio::post(strand_, [self = shared_from_this()] {
+    if (self->lease_calls_.load(std::memory_order_acquire) != 0) return;
+    auto told = std::move(self->when_leases_idle_);
+    self->when_leases_idle_.clear();
+    for (auto& f : told) f();
+  });
+}
+
+std::vector<std::shared_ptr<lease_table>> redis_core::live_lease_tables() {
+  std::lock_guard lock(leases_mutex_);
+  std::vector<std::shared_ptr<lease_table>> out;
+  std::erase_if(lease_tables_, [](const std::weak_ptr<lease_table>& w) { return w.expired(); });
+  for (const auto& w : lease_tables_) {
+    if (auto t = w.lock()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+// On the strand.
+void redis_core::send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g) {
+  auto call = std::make_shared<lease_call>();
+  call->what = lease_call::kind::give_back;
+  call->table = table;
+  call->key = g.key;
+  call->script = give_back_script;
+  command c = give_back_command(table->script(), table->definition(), leased_key_request(*table, call->key),
+                                options_.key_prefix, now_us(), g.token, g.units);
+  send_lease(std::move(call), std::move(c), {}, nullptr, ignore);
+}
+
+// On the strand: gives back what leases whose period ended did not use; `when_idle` (if any) is
+// told once no lease call is in flight.
+void redis_core::sweep_now(std::function<void()> when_idle) {
+  if (!stopping_) {
+    const std::int64_t now = local_ns();
+    for (const auto& t : live_lease_tables()) {
+      for (const give_back& g : t->expire(now)) send_give_back(t, g);
+    }
+  }
+  if (!when_idle) return;
+  if (lease_calls_.load(std::memory_order_acquire) == 0) return when_idle();
+  when_leases_idle_.push_back(std::move(when_idle));
+}
+
+void redis_core::sweep_leases() {
+  if (on_io_thread()) {
+    asio::post(strand_, [self = shared_from_this()] { self->sweep_now(nullptr); });
+    return;
+  }
+  auto answered = std::make_shared<std::promise<void>>();
+  auto f = answered->get_future();
+  asio::post(strand_, [self = shared_from_this(), answered] { self->sweep_now([answered] { answered->set_value(); }); });
+  f.wait_for(options_.command_timeout + std::chrono::seconds(1));
+}
+
+void redis_core::return_leases(std::shared_ptr<lease_table> table) {
+  asio::post(strand_, [self = shared_from_this(), table = std::move(table)] {
+    if (self->stopping_) return;
+    for (const give_back& g : table->drain(self->local_ns())) self->send_give_back(table, g);
+  });
+}
+
+// On the strand: while leased rules exist, their ended leases are given back every sweep interval.
+void redis_core::arm_lease_timer() {
+  if (lease_timer_armed_ || stopping_) return;
+  lease_timer_armed_ = true;
+  lease_timer_.expires_after(lease_sweep_interval);
+  lease_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this()](boost::system::error_code ec) {
+    self->lease_timer_armed_ = false;
+    if (ec || self->stopping_) return;
+    self->sweep_now(nullptr);
+    if (!self->live_lease_tables().empty()) self->arm_lease_timer();
+  }));
+}
+
+void redis_core::append_lease_metrics(std::string& out) const {
+  std::lock_guard lock(leases_mutex_);
+  if (lease_counters_.empty()) return;
+  const auto family = [&](const char* name, const char* help, std::atomic<std::uint64_t> lease_counters::*field) {
+    prometheus::family(out, name, "counter", help);
+    for (const auto& [rule, c] : lease_counters_) {
+      prometheus::sample(out, std::string(name) + "{rule=\"" + prometheus::escape_label(rule) + "\"}",
+                         ((*c).*field).load(std::memory_order_relaxed));
+    }
+  };
+  family("sluice_lease_checks_total", "Checks of leased rules.", &lease_counters::checks);
+  family("sluice_lease_redis_calls_total", "Redis calls leased rules cost (divide by checks: calls per check).",
+         &lease_counters::redis_calls);
+  family("sluice_lease_local_admits_total", "Checks admitted from a lease, without a call for the leased layer.",
+         &lease_counters::local_admits);
+  family("sluice_lease_local_refusals_total", "Checks refused from a remembered refusal, without a call.",
+         &lease_counters::local_refusals);
+  family("sluice_lease_leases_total", "Lease calls that leased units.", &lease_counters::leases);
+  family("sluice_lease_units_leased_total", "Units leased.", &lease_counters::units_leased);
+  family("sluice_lease_units_returned_total", "Unused units given back.", &lease_counters::units_returned);
+}
+
+}  // namespace sluice::detail

@@ -1,0 +1,268 @@
+#include "redis/lease_table.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "sluice/gcra.hpp"
+
+namespace sluice::detail {
+namespace {
+
+constexpr std::int64_t forever = std::numeric_limits<std::int64_t>::max();
+
+std::int64_t add_sat(std::int64_t a, std::int64_t b) {
+  if (b > 0 && a > forever - b) return forever;
+  return a + b;
+}
+
+std::int64_t ns_of(nanoseconds d) { return d == never ? forever : d.count(); }
+
+const policy& leased_layer(const rule& r) { return r.tenant ? *r.tenant : r.limit; }
+
+std::int64_t interval_of(const policy& p) {
+  if (p.algorithm != algorithm::token_bucket) return 0;
+  return make_gcra_params(p.rate, p.burst).interval_ns;
+}
+
+}  // namespace
+
+lease_table::lease_table(const rule& r, prepared_script script, std::size_t max_keys,
+                         std::shared_ptr<lease_counters> counters)
+    : rule_(r),
+      script_(std::move(script)),
+      capacity_(leased_layer(r).capacity()),
+      period_ns_(r.lease->period.count()),
+      interval_ns_(interval_of(leased_layer(r))),
+      max_units_(std::max<std::int64_t>(1, static_cast<std::int64_t>(
+                                               std::floor(r.lease->max_share * static_cast<double>(capacity_))))),
+      // A token bucket's lease holds the slots up to one period ahead, and never more than
+      // max_units of them: a share of the bucket, like any lease.
+      hold_ns_(interval_ns_ > 0 ? std::min(period_ns_, max_units_ > forever / interval_ns_ ? forever
+                                                                                              : max_units_ * interval_ns_)
+                                : 0),
+      max_keys_per_shard_(std::max<std::size_t>(1, max_keys / shard_count)),
+      counters_(std::move(counters)) {
+  user_layer_.script = script_.user_script;
+  user_layer_.limit = script_.limit;
+}
+
+lease_table::shard& lease_table::shard_of(std::string_view key) {
+  return shards_[std::hash<std::string_view>{}(key) % shard_count];
+}
+
+std::int64_t lease_table::available(segment& s, std::int64_t now) const {
+  if (now >= s.expires) return 0;
+  if (interval_ns_ > 0 && now >= s.first_end) {
+    // Slots that ended by now can no longer be used: their units are passed, not used.
+    s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
+  }
+  return std::max<std::int64_t>(0, s.units - s.next);
+}
+
+std::int64_t lease_table::available(entry& e, std::int64_t now) const {
+  std::int64_t n = 0;
+  for (segment& s : e.segments) n += available(s, now);
+  return n;
+}
+
+void lease_table::leftovers(const std::string& key, entry& e, std::int64_t now, bool all,
+                            std::vector<give_back>& out) const {
+  std::erase_if(e.segments, [&](segment& s) {
+    const bool ended = now >= s.expires;
+    if (!ended && !all) return s.next >= s.units;  // used up: nothing to give back
+    // What is left may be given back while it still counts where it was taken.
+    s.expires = std::max(s.expires, now + 1);  // as of now, not as of its end
+    const std::int64_t left = available(s, now);
+    if (left > 0 && now < s.valid_until) out.push_back({key, s.token, left});
+    return true;
+  });
+}
+
+decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t now) const {
+  decision d;
+  d.allowed = allowed;
+  d.limit = capacity_;
+  d.remaining = e.shared_remaining;
+  d.reset_after = e.reset_at == forever ? never : nanoseconds(std::max<std::int64_t>(0, e.reset_at - now));
+  if (!allowed) {
+    d.retry_after = e.refused_until == forever ? never : nanoseconds(std::max<std::int64_t>(1, e.refused_until - now));
+  }
+  return d;
+}
+
+// About the units this instance checks during one period, at least the cost, at most max_units: a
+// key checked once is leased its cost alone, which is an exact check.
+std::int64_t lease_table::wanted(const entry& e, std::int64_t cost) const {
+  return std::max(cost, std::min(max_units_, std::max(e.demand, e.last_demand)));
+}
+
+lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int64_t now,
+                              const std::function<lease_waiter()>& make_waiter) {
+  shard& sh = shard_of(key);
+  std::lock_guard lock(sh.mutex);
+  auto it = sh.entries.find(key);
+  if (it == sh.entries.end()) {
+    if (sh.entries.size() >= max_keys_per_shard_) return {};
+    it = sh.entries.emplace(std::string(key), entry{}).first;
+    it->second.period_start = now;
+  }
+  entry& e = it->second;
+  e.last_seen = now;
+  if (now - e.period_start >= period_ns_) {
+    e.last_demand = now - e.period_start >= 2 * period_ns_ ? 0 : e.demand;
+    e.demand = 0;
+    e.period_start = now;
+  }
+  e.demand = add_sat(e.demand, cost);
+
+  lease_plan plan;
+  std::int64_t have = available(e, now);
+  if (have >= cost) {
+    plan.what = lease_plan::step::admit;
+    std::int64_t need = cost;
+    for (segment& s : e.segments) {
+      const std::int64_t take = std::min(need, available(s, now));
+      if (take == 0) continue;
+      s.next += take;
+      need -= take;
+      if (plan.reservation.count < static_cast<int>(plan.reservation.parts.size())) {
+        plan.reservation.parts[plan.reservation.count++] = {s.id, take, s.next};
+      }
+      if (need == 0) break;
+    }
+    have -= cost;
+    plan.leased = leased_decision(e, true, now);
+    plan.leased.remaining = std::min(capacity_, add_sat(e.shared_remaining, have));
+    const std::int64_t want = wanted(e, 0);
+    if (!e.taking && want >= 2 && have < want / 2 && have < max_units_ && now >= e.refill_refused_until) {
+      // Refill before the lease runs dry, so that a busy key does not wait for Redis.
+      plan.refill = std::min(want, max_units_ - have);
+      e.taking = true;
+    }
+    counters_->local_admits.fetch_add(1, std::memory_order_relaxed);
+    return plan;
+  }
+  if (e.taking) {
+    if (e.waiting.size() >= max_waiting) return {};
+    e.waiting.push_back(make_waiter());
+    plan.what = lease_plan::step::wait;
+    return plan;
+  }
+  if (now < e.refused_until && cost >= e.refused_cost) {
+    plan.what = lease_plan::step::refuse;
+    plan.leased = leased_decision(e, false, now);
+    counters_->local_refusals.fetch_add(1, std::memory_order_relaxed);
+    return plan;
+  }
+  e.taking = true;
+  plan.what = lease_plan::step::take;
+  plan.want = wanted(e, cost);
+  return plan;
+}
+
+std::vector<lease_waiter> lease_table::answered(std::string_view key, const lease_grant& g, std::int64_t now) {
+  shard& sh = shard_of(key);
+  std::lock_guard lock(sh.mutex);
+  auto it = sh.entries.find(key);
+  if (it == sh.entries.end()) return {};
+  entry& e = it->second;
+  e.taking = false;
+  const lease_reply& r = g.reply;
+  e.reset_at = add_sat(g.sent_ns, ns_of(r.leased.reset_after));
+  if (!r.leased.allowed) {
+    e.shared_remaining = r.leased.remaining;
+    const std::int64_t until = add_sat(g.sent_ns, ns_of(r.leased.retry_after));
+    if (g.used == 0) {
+      // A refill refused: no more refills until then, but checks still ask (units given back by
+      // other instances may be there before).
+      e.refill_refused_until = until;
+    } else {
+      e.refused_until = until;
+      e.refused_cost = g.used;
+    }
+    return std::move(e.waiting);
+  }
+  e.refused_until = 0;
+  const std::int64_t units = std::min(r.units, forever / 4);
+  e.shared_remaining = std::max<std::int64_t>(0, r.leased.remaining - std::max<std::int64_t>(0, units - g.used));
+  if (units > 0) {
+    counters_->leases.fetch_add(1, std::memory_order_relaxed);
+    counters_->units_leased.fetch_add(static_cast<std::uint64_t>(units), std::memory_order_relaxed);
+  }
+  if (units > g.used) {
+    segment s;
+    s.id = next_segment_.fetch_add(1, std::memory_order_relaxed);
+    s.units = units;
+    s.next = g.used;
+    s.token = r.token;
+    const std::int64_t period_end = add_sat(g.sent_ns, period_ns_);
+    const std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
+    if (interval_ns_ > 0) {
+      s.valid_until = add_sat(g.sent_ns, valid);
+      s.first_end = s.valid_until - (units - 1) * std::min(interval_ns_, forever / units);
+    } else if (script_.dual ? rule_.tenant->algorithm == algorithm::token_bucket
+                            : rule_.limit.algorithm == algorithm::token_bucket) {
+      s.valid_until = period_end;  // an infinite rate: any unit, any time
+      s.first_end = forever;
+    } else {
+      s.valid_until = add_sat(g.sent_ns, valid);
+    }
+    s.expires = std::min(period_end, s.valid_until);
+    if (s.expires > now) e.segments.push_back(std::move(s));
+  }
+  return std::move(e.waiting);
+}
+
+std::vector<lease_waiter> lease_table::failed(std::string_view key) {
+  shard& sh = shard_of(key);
+  std::lock_guard lock(sh.mutex);
+  auto it = sh.entries.find(key);
+  if (it == sh.entries.end()) return {};
+  it->second.taking = false;
+  return std::move(it->second.waiting);
+}
+
+void lease_table::undo(std::string_view key, const lease_reservation& r, std::int64_t now) {
+  shard& sh = shard_of(key);
+  std::lock_guard lock(sh.mutex);
+  auto it = sh.entries.find(key);
+  if (it == sh.entries.end()) return;
+  for (int i = 0; i < r.count; ++i) {
+    const lease_reservation::part& p = r.parts[i];
+    for (segment& s : it->second.segments) {
+      if (s.id != p.segment || now >= s.expires) continue;
+      // A window's units are alike; a token bucket's are its slots, put back only while they are
+      // the next to use (nobody took a later one since).
+      if (interval_ns_ == 0 || s.next == p.next_after) s.next = std::max<std::int64_t>(0, s.next - p.units);
+    }
+  }
+}
+
+std::vector<give_back> lease_table::expire(std::int64_t now) {
+  std::vector<give_back> out;
+  for (shard& sh : shards_) {
+    std::lock_guard lock(sh.mutex);
+    for (auto it = sh.entries.begin(); it != sh.entries.end();) {
+      entry& e = it->second;
+      leftovers(it->first, e, now, false, out);
+      const bool idle = e.segments.empty() && !e.taking && e.waiting.empty() && now >= e.refused_until &&
+                        now - e.last_seen >= 2 * period_ns_;
+      it = idle ? sh.entries.erase(it) : std::next(it);
+    }
+  }
+  return out;
+}
+
+std::vector<give_back> lease_table::drain(std::int64_t now) {
+  dropped_.store(true, std::memory_order_relaxed);
+  std::vector<give_back> out;
+  for (shard& sh : shards_) {
+    std::lock_guard lock(sh.mutex);
+    for (auto& [key, e] : sh.entries) leftovers(key, e, now, true, out);
+    std::erase_if(sh.entries, [](const auto& kv) { return !kv.second.taking && kv.second.waiting.empty(); });
+  }
+  return out;
+}
+
+}  // namespace sluice::detail
