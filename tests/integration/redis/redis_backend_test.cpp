@@ -15,7 +15,9 @@
 #include <boost/asio/use_future.hpp>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <future>
+#include <optional>
 #include <thread>
 #include <map>
 #include <random>
@@ -650,11 +652,32 @@ std::vector<rule> batch_rules() {
   };
 }
 
+// A backend on the test's own io_context, run only while the test waits for answers: a burst's
+// checks are all queued before the first is sent, so the others find a call in flight and share
+// batch calls — as under load, but every time, however loaded the machine.
+struct held_io_backend {
+  asio::io_context io;
+  std::unique_ptr<redis_backend> backend;
+
+  held_io_backend(const std::string& address, sluice::clock* clock) {
+    backend = make_redis_backend({.addresses = {address}, .command_timeout = 2s, .clock_for_test = clock}, io).value();
+    run_until([&] { return backend->ready(); });
+  }
+  ~held_io_backend() {
+    io.stop();  // then the backend closes its connection on this thread
+    backend.reset();
+  }
+  redis_backend* operator->() const { return backend.get(); }
+  void run_until(const std::function<bool()>& done) {
+    while (!done()) io.run_one_for(std::chrono::milliseconds(10));
+  }
+};
+
 // Bursts of asynchronous checks from one thread over a few keys of every kind of rule: those that
 // arrive while calls are in flight share calls of the batch script, and each decision is the one
 // the in-process backend gives the same checks one by one in the same order (a batch is one µs).
 TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
-  auto b = make();
+  held_io_backend b(redis_->address(), &clock_);
   auto memory = make_memory_backend({.clock = &clock_}).value();
   std::vector<rule> rules = batch_rules();
   rules.push_back(
@@ -671,12 +694,17 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
       const std::string& id = ids[rng() % 3];
       reqs.push_back({.rule = &r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = 1 + rng() % 2});
     }
-    std::vector<std::promise<result<decision>>> answers(reqs.size());
+    std::vector<std::optional<result<decision>>> answers(reqs.size());
+    std::size_t answered = 0;
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      b->async_check(reqs[i], [&answers, i](result<decision> d) { answers[i].set_value(std::move(d)); });
+      b->async_check(reqs[i], [&answers, &answered, i](result<decision> d) {
+        answers[i] = std::move(d);
+        ++answered;
+      });
     }
+    b.run_until([&] { return answered == reqs.size(); });
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      expect_same(expect_decision(answers[i].get_future().get()), expect_decision(memory->check(reqs[i])),
+      expect_same(expect_decision(*answers[i]), expect_decision(memory->check(reqs[i])),
                   "burst " + std::to_string(burst) + " check " + std::to_string(i));
       ++checks;
     }
@@ -688,7 +716,7 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
 // check_all groups share batch calls with single checks, each group still all or nothing: the
 // decisions are those of the same calls one by one in process.
 TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
-  auto b = make();
+  held_io_backend b(redis_->address(), &clock_);
   auto memory = make_memory_backend({.clock = &clock_}).value();
   const std::vector<rule> rules = batch_rules();
   const std::string ids[] = {"a", "b", "c"};
@@ -706,20 +734,25 @@ TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
         g.push_back({.rule = &rules[(first + i) % std::size(rules)], .key = ids[rng() % 3], .cost = 1 + rng() % 3});
       }
     }
-    std::vector<std::promise<result<std::vector<decision>>>> answers(groups.size());
+    std::vector<std::optional<result<std::vector<decision>>>> answers(groups.size());
+    std::size_t answered = 0;
     for (std::size_t i = 0; i < groups.size(); ++i) {
       if (groups[i].size() == 1 && i % 2 == 0) {
-        b->async_check(groups[i][0], [&answers, i](result<decision> d) {
-          answers[i].set_value(d ? result<std::vector<decision>>(std::vector<decision>{*d})
-                                 : result<std::vector<decision>>(d.error()));
+        b->async_check(groups[i][0], [&answers, &answered, i](result<decision> d) {
+          answers[i] = d ? result<std::vector<decision>>(std::vector<decision>{*d})
+                         : result<std::vector<decision>>(d.error());
+          ++answered;
         });
       } else {
-        b->async_check_all(groups[i],
-                           [&answers, i](result<std::vector<decision>> d) { answers[i].set_value(std::move(d)); });
+        b->async_check_all(groups[i], [&answers, &answered, i](result<std::vector<decision>> d) {
+          answers[i] = std::move(d);
+          ++answered;
+        });
       }
     }
+    b.run_until([&] { return answered == groups.size(); });
     for (std::size_t i = 0; i < groups.size(); ++i) {
-      auto got = answers[i].get_future().get();
+      auto got = *answers[i];
       ASSERT_TRUE(got.ok()) << got.error().message;
       auto want = memory->check_all(groups[i]).value();
       for (std::size_t k = 0; k < want.size(); ++k) {

@@ -182,6 +182,7 @@ class RedisServer(ServerProcess):
 
     def __init__(self, port=None, extra=()):
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-redis-")
+        self.fixed_port = port is not None  # or, after the first start, the one it runs on
         self.port = port or free_port()
         self.extra = list(extra)
         self.proc = None
@@ -192,11 +193,20 @@ class RedisServer(ServerProcess):
         return "127.0.0.1:%d" % self.port
 
     def start(self):
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir.name, *self.extra],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.ping, timeout=10, what="redis-server to answer")
+        for _ in range(5):
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                 "--dir", self.dir.name, *self.extra],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            # It exits at once when another process took the port since free_port() chose it.
+            wait_for(lambda: self.ping() or self.proc.poll() is not None, timeout=30, what="redis-server to answer")
+            if self.proc.poll() is None:
+                self.fixed_port = True  # a restart comes back on the same port
+                return
+            if self.fixed_port:
+                break
+            self.port = free_port()
+        raise AssertionError("redis-server did not start on port %d" % self.port)
 
     def ping(self):
         try:
