@@ -213,6 +213,58 @@ TEST_F(RedisClusterTest, CheckAllOverSlotsRecordsNothingOnARefusal) {
   EXPECT_EQ(b->stats().protocol_errors + b->stats().unavailable, 0u);
 }
 
+// Leases on a cluster: two instances over keys of many slots, single- and dual-layer (the tenant
+// leased), never admit more than each window holds, take far fewer calls than checks, and give
+// back what they did not use, each call on its key's master.
+TEST_F(RedisClusterTest, LeasesOverManySlotsNeverExceedAWindowAndAreGivenBack) {
+  auto a = make_cluster();
+  auto b = make_cluster();
+  rule single{.name = "leased", .limit = fixed_window_policy(50, 60s)};
+  single.lease = lease_policy{.period = 100ms, .max_share = 0.5};
+  rule dual{.name = "leased-dual", .limit = fixed_window_policy(4, 60s), .tenant = fixed_window_policy(30, 60s)};
+  dual.lease = lease_policy{.period = 100ms, .max_share = 0.5};
+  auto pa = a->prepare(single).value(), pb = b->prepare(single).value();
+  auto da = a->prepare(dual).value(), db = b->prepare(dual).value();
+  clock_.set(time_point(std::chrono::hours(24 * 365 * 2)));  // a window's start
+  std::map<std::string, int> admitted, tenant_admitted;
+  int checks = 0;
+  for (int round = 0; round < 80; ++round) {
+    for (int k = 0; k < 8; ++k) {
+      const std::string key = "key-" + std::to_string(k);
+      const std::string user = "user-" + std::to_string(round % 10);
+      for (redis_backend* on : {a.get(), b.get()}) {
+        check_request req = check_request::of(on == a.get() ? *pa : *pb);
+        req.key = key;
+        auto d = on->check(req);
+        ASSERT_TRUE(d.ok() && d->source == decision_source::limiter) << (d.ok() ? "" : d.error().message);
+        admitted[key] += d->allowed;
+        check_request dreq = check_request::of(on == a.get() ? *da : *db);
+        dreq.tenant = key;
+        dreq.user = user;
+        auto dd = on->check(dreq);
+        ASSERT_TRUE(dd.ok() && dd->source == decision_source::limiter) << (dd.ok() ? "" : dd.error().message);
+        tenant_admitted[key] += dd->allowed;
+        checks += 2;
+      }
+    }
+    clock_.advance(1ms);
+  }
+  for (const auto& [key, n] : admitted) EXPECT_LE(n, 50) << key;
+  for (const auto& [key, n] : tenant_admitted) EXPECT_LE(n, 30) << key;
+  EXPECT_LT(a->stats().calls + b->stats().calls, static_cast<std::uint64_t>(checks) / 2);
+  // Their periods ended: what the leases hold goes back, and the other instance uses all of it.
+  clock_.advance(200ms);
+  a->sweep_idle();
+  b->sweep_idle();
+  for (auto& [key, n] : admitted) {
+    check_request req = check_request::of(*pb);
+    req.key = key;
+    for (decision d = b->check(req).value(); d.allowed; d = b->check(req).value()) ++n;
+    EXPECT_EQ(n, 50) << key;
+  }
+  EXPECT_EQ(a->stats().protocol_errors + b->stats().protocol_errors, 0u);
+}
+
 // A dual-layer rule's two keys carry the tenant's hash tag, encoded so that no id can open or close
 // it: they share a slot for every tenant id, and each check is one script run, all or nothing.
 TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {

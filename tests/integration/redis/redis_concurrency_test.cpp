@@ -9,6 +9,8 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
+#include <sstream>
 #include <thread>
 
 #include "integration/redis/redis_server.hpp"
@@ -21,6 +23,8 @@ using namespace std::chrono_literals;
 struct helper_result {
   long admitted = -1;
   long failed = -1;
+  unsigned long long calls = 0;
+  std::map<long long, long> windows;  // admissions by fixed window index (mode lease)
 };
 
 // Starts the helper binary; returns its pid and the read end of its stdout.
@@ -51,7 +55,17 @@ helper_result wait_helper(pid_t pid, int fd) {
   ::waitpid(pid, &status, 0);
   helper_result r;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "helper exited with " << status << ": " << out;
-  if (std::sscanf(out.c_str(), "admitted %ld failed %ld", &r.admitted, &r.failed) != 2) ADD_FAILURE() << out;
+  int used = 0;
+  if (std::sscanf(out.c_str(), "admitted %ld failed %ld calls %llu windows%n", &r.admitted, &r.failed, &r.calls,
+                  &used) != 3) {
+    ADD_FAILURE() << out;
+    return r;
+  }
+  std::istringstream rest(out.substr(static_cast<std::size_t>(used)));
+  for (std::string w; rest >> w;) {
+    const std::size_t colon = w.find(':');
+    r.windows[std::stoll(w.substr(0, colon))] += std::stol(w.substr(colon + 1));
+  }
   return r;
 }
 
@@ -62,7 +76,8 @@ helper_result run_two_processes(const std::string& address, const char* mode, in
   EXPECT_GT(p2, 0);
   helper_result a = wait_helper(p1, f1);
   helper_result b = wait_helper(p2, f2);
-  return {a.admitted + b.admitted, a.failed + b.failed};
+  for (auto [w, n] : b.windows) a.windows[w] += n;
+  return {a.admitted + b.admitted, a.failed + b.failed, std::max(a.calls, b.calls), std::move(a.windows)};
 }
 
 TEST(RedisConcurrencyTest, TwoProcessesFourThreadsAdmitExactlyTheLimit) {
@@ -81,6 +96,37 @@ TEST(RedisConcurrencyTest, DualLayerTenantLimitIsExactAcrossProcesses) {
   EXPECT_EQ(r.failed, 0);
   EXPECT_EQ(r.admitted, 1000);
   EXPECT_EQ(redis.log_units("sluice:{acme}:exact-dual:swl.60000000"), 1000);
+}
+
+// Leases: 2 processes × 4 threads at one hot key, 1,000 per 60 s fixed window, max_share 0.1. No
+// window ever admits more than 1,000; the fullest admits at least 1,000 less what the two can
+// hold (100 each); and each process pays far fewer Redis calls than checks (refusals are answered
+// from memory until the window ends).
+TEST(RedisConcurrencyTest, LeasedHotKeyAcrossProcessesNeverExceedsTheLimit) {
+  testing::redis_server redis;
+  constexpr int threads = 4, checks = 5000;
+  helper_result r = run_two_processes(redis.address(), "lease", threads, checks);
+  EXPECT_EQ(r.failed, 0);
+  long fullest = 0;
+  for (auto [w, n] : r.windows) {
+    EXPECT_LE(n, 1000) << "window " << w;
+    fullest = std::max(fullest, n);
+  }
+  EXPECT_GE(fullest, 1000 - 2 * 100);
+  EXPECT_LT(r.calls, threads * checks / 10u) << "Redis calls of the busier process";
+}
+
+TEST(RedisConcurrencyTest, LeasedTenantLayerIsNeverExceededAcrossProcesses) {
+  testing::redis_server redis;
+  // 8 users of one tenant, 400 each at most per window: the tenant's leased 1,000 binds.
+  helper_result r = run_two_processes(redis.address(), "lease-dual", 4, 1000);
+  EXPECT_EQ(r.failed, 0);
+  long fullest = 0;
+  for (auto [w, n] : r.windows) {
+    EXPECT_LE(n, 1000) << "window " << w;
+    fullest = std::max(fullest, n);
+  }
+  EXPECT_GE(fullest, 1000 - 2 * 100);
 }
 
 TEST(RedisConcurrencyTest, ThreadsSharingOneBackendMixBlockingAndAsyncChecks) {
