@@ -30,6 +30,37 @@
 //   - a window longer than 2^52 µs (~142 years) acts as 2^52 µs; windows are in whole µs (rounded up).
 // Durations in redis_options must be at most 24 h.
 //
+// Leases (rule::lease, off by default): checks of a prepared leased rule are answered from units
+// this instance took from Redis ahead of them. When a key's lease is empty, one script call checks
+// the request and, when it admits, records up to k units with the rule's own algorithm (a window:
+// k more in its count; a token bucket: its TAT k intervals later); the next checks admit from them
+// with no call. k follows the key's demand here (the units checked in the last lease period, at
+// least the cost, at most max_share of the capacity): a key checked once leases its cost alone,
+// which is an exact check. A busy key refills when fewer than half its lease is left. A lease's
+// units are used within its period and only while they still count where they were taken: a
+// window's before that window ends, a token bucket's before each unit's slot on the bucket's
+// timeline ends (a lease holds slots up to one period ahead, at most max_share of the burst, so
+// that units used evenly over the period never outrun their slots). What is left when the period
+// ends is given back while that is still exact: a window takes it off the same window's count, a
+// token bucket moves its TAT back when nobody took a slot since (x/time/rate's Cancel). A refused
+// key is refused here, with no call, for its retry_after (for that cost or more). The sliding
+// window log cannot be leased (validate(rule) says so): it logs each unit when it is taken.
+//
+// The guarantee: every unit admitted on any instance was granted by the shared state and is used
+// while the algorithm still counts it where it was granted, so what all instances admit is at most
+// the limit, as the algorithm defines it, at every moment. Admissions can fall short of the limit
+// by what other instances' leases hold (at most max_share of the capacity each) until those are
+// given back or expire; a remembered refusal can keep a key refused here after another instance
+// gave units back, until its retry_after, within the same bound. Decisions carry the usual fields;
+// `remaining` is Redis's remaining as of this instance's last call for the key plus what is left
+// of its lease. Redis unreachable: leased units are still used (they were granted), then on_error
+// decides. A failed give-back loses nothing: its units stay counted until their window ends or
+// their slots pass. A dual-layer rule leases its tenant layer; its user layer is checked exactly,
+// one call per check, and a user-layer refusal puts the tenant's unit back (all or nothing).
+// check_all() and checks without a prepared rule do not lease. A rule prepared again starts
+// without leases or remembered refusals; the dropped one's leases are given back. The counters are
+// in append_metrics (sluice_lease_*, per rule name).
+//
 // Thread-safe. `check()` blocks; never call it on the backend's own io thread (it returns
 // errc::invalid_argument there) — use async_check (or sluice/asio.hpp) on that thread. Handlers of
 // async_check run on the io thread (or inline, for invalid requests and overload). Destroying the
@@ -82,6 +113,11 @@ struct redis_backend_stats {
 class redis_backend : public backend {
  public:
   virtual redis_backend_stats stats() const = 0;
+  /// Gives back now what leases whose period ended did not use (the backend does so by itself
+  /// every 50 ms), and returns once no lease call is in flight, or after command_timeout + 1 s.
+  /// For tests and orderly handovers; never call it on the backend's io thread (it then returns
+  /// at once).
+  virtual void give_back_leases() = 0;
 };
 
 /// Checks what the Redis scripts can compute exactly (see the limits above): token-bucket rates up

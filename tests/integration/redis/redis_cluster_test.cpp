@@ -254,8 +254,8 @@ TEST_F(RedisClusterTest, LeasesOverManySlotsNeverExceedAWindowAndAreGivenBack) {
   EXPECT_LT(a->stats().calls + b->stats().calls, static_cast<std::uint64_t>(checks) / 2);
   // Their periods ended: what the leases hold goes back, and the other instance uses all of it.
   clock_.advance(200ms);
-  a->sweep_idle();
-  b->sweep_idle();
+  a->give_back_leases();
+  b->give_back_leases();
   for (auto& [key, n] : admitted) {
     check_request req = check_request::of(*pb);
     req.key = key;

@@ -115,8 +115,8 @@ void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_back
     ASSERT_EQ(d->source, decision_source::limiter);
     if (d->allowed) admitted.push_back({clock.now(), key});
     if (i % 50 == 0) {
-      a.sweep_idle();
-      b.sweep_idle();
+      a.give_back_leases();
+      b.give_back_leases();
     }
   }
   (void)t;
@@ -172,8 +172,8 @@ TEST_F(RedisLeaseTest, AWindowAdmitsItsLimitLessAtMostTheOtherInstancesLeases) {
   EXPECT_GT(admitted_b, 0);
   // Once the leases are returned nothing is stranded: the window is used up exactly.
   clock_.advance(300ms);
-  a->sweep_idle();
-  b->sweep_idle();
+  a->give_back_leases();
+  b->give_back_leases();
   for (int i = 0; i < 50; ++i) {
     clock_.advance(1ms);
     admitted_b += check(*b, *pb, "k").allowed;
@@ -225,7 +225,7 @@ TEST_F(RedisLeaseTest, GivenBackUnitsAreAdmittedOnTheOtherInstance) {
   EXPECT_LT(admitted, 100);
   // A's lease period ends; what it did not use goes back, and B is admitted for it.
   clock_.advance(150ms);
-  a->sweep_idle();
+  a->give_back_leases();
   while (check(*b, *pb, "k").allowed) ++admitted;
   EXPECT_EQ(admitted, 100);
   std::string metrics;
@@ -272,7 +272,7 @@ TEST_F(RedisLeaseTest, ARuleChangeDropsItsLeasesAndRefusals) {
   auto p3 = prepare(*a, other);
   for (int i = 0; i < 30; ++i) EXPECT_TRUE(check(*a, *p3, "k").allowed);
   p3.reset();
-  a->sweep_idle();  // waits for what is in flight on the connection, the give-back included
+  a->give_back_leases();  // waits for what is in flight on the connection, the give-back included
   auto p4 = prepare(*a, other);
   decision d = check(*a, *p4, "k");
   EXPECT_EQ(d.remaining, 100 - 31);
@@ -302,7 +302,7 @@ TEST_F(RedisLeaseTest, ALeasedTenantLayerStaysAllOrNothing) {
   // Dropping the rule gives its tenant lease back: the tenant counted exactly the 12 admitted, none
   // of the 12 its users refused.
   p.reset();
-  a->sweep_idle();
+  a->give_back_leases();
   rule exact = r;
   exact.lease.reset();
   auto d = a->check({.rule = &exact, .tenant = "acme", .user = "someone-else"});

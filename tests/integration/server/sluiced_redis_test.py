@@ -99,6 +99,48 @@ class SharedLimit(unittest.TestCase):
             self.assertEqual(r.headers["x-ratelimit-remaining"], "0")
             self.assertGreaterEqual(int(r.headers["retry-after"]), 1)
 
+    def test_a_leased_rule_never_exceeds_its_limit_and_costs_fewer_calls(self):
+        # A 1 h window: a run crossing into the next one (a chance of about 1 in 2,000) could admit
+        # the next window's units too.
+        leased = redis_config(self.redis.port) + """
+[[rules]]
+name = "leased"
+algorithm = "fixed_window"
+limit = 200
+window = "1h"
+lease = "200ms"
+lease_max_share = 0.1
+"""
+        a = Sluiced(leased)
+        self.addCleanup(a.close)
+        b = Sluiced(leased)
+        self.addCleanup(b.close)
+        admitted = []
+        lock = threading.Lock()
+
+        def worker(instance, n):
+            s = Sluiced.__new__(Sluiced)
+            s.port, s.conn = instance.port, None
+            count = sum(Sluiced.check(s, rule="leased", key="hot").status == 200 for _ in range(n))
+            if s.conn:
+                s.conn.close()
+            with lock:
+                admitted.append(count)
+
+        threads = [threading.Thread(target=worker, args=(inst, 150)) for inst in (a, b, a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        # At most the limit; at least the limit less what the two instances can hold (20 each).
+        self.assertLessEqual(sum(admitted), 200, admitted)
+        self.assertGreaterEqual(sum(admitted), 200 - 2 * 20, admitted)
+        metrics = a.request("GET", "/metrics").body.decode()
+        self.assertIn('sluice_lease_checks_total{rule="leased"} 300', metrics)
+        calls = [line for line in metrics.splitlines() if line.startswith('sluice_lease_redis_calls_total{rule="leased"}')]
+        self.assertEqual(len(calls), 1, metrics)
+        self.assertLess(int(calls[0].split()[-1]), 100, "leases and remembered refusals: far fewer calls than checks")
+
     def test_dual_layer_and_token_bucket_over_redis(self):
         a = Sluiced(redis_config(self.redis.port))
         self.addCleanup(a.close)

@@ -197,6 +197,28 @@ TEST(Config, RuleErrors) {
   expect_error("rules = [1]\n", "t.toml:1:10: each entry of rules must be a table");
 }
 
+// lease = "200ms" serves a rule from leases (on Redis); lease_max_share caps what one instance holds.
+TEST(Config, RuleLeases) {
+  const std::string quota = "[[rules]]\nname = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n";
+  auto c = parse_config(quota + "lease = \"250ms\"\nlease_max_share = 0.2\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const rule& r = c->rules.back();
+  ASSERT_TRUE(r.lease.has_value());
+  EXPECT_EQ(r.lease->period, std::chrono::milliseconds(250));
+  EXPECT_DOUBLE_EQ(r.lease->max_share, 0.2);
+  auto plain = parse_config(quota, "t.toml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(plain->rules.back().lease.has_value());
+  expect_error(quota + "lease = \"1ms\"\n", "t.toml:6:9: lease rule 'q': lease period must be 10 ms to 10 s");
+  expect_error(quota + "lease = \"1s\"\nlease_max_share = 0.9\n", "t.toml:7:19: lease_max_share must be");
+  expect_error(quota + "lease_max_share = 0.1\n", "t.toml:6:19: lease_max_share needs lease");
+  expect_error(replace(quota, "fixed_window", "sliding_window") + "lease = \"1s\"\n",
+               "t.toml:6:9: lease rule 'q': a sliding_window (log) cannot be leased");
+  auto json = parse_rule_json("api", R"({"algorithm":"token_bucket","rate":5,"burst":10,"lease":"100ms"})", "e");
+  ASSERT_TRUE(json.ok()) << json.error().message;
+  EXPECT_EQ(json->lease->period, std::chrono::milliseconds(100));
+}
+
 TEST(Config, ServerBackendHttpErrors) {
   const std::string s = std::string(seed);
   expect_error(s + "[server]\nlisten = \"nohost\"\n", "t.toml:9:10: listen must be \"host:port\"");
