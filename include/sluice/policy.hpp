@@ -110,7 +110,9 @@ enum class when_full : std::uint8_t {
 /// a key's units from the shared state ahead of its checks and admits from them in process. Off
 /// unless a rule has one; the in-process backend, exact and local already, ignores it.
 struct lease_policy {
-  /// How long a lease's units may be used, 10 ms to 10 s. Default: 200 ms.
+  /// 10 ms to 10 s. Default: 200 ms. A key's leases are sized to about its demand over this
+  /// period (two, once it is busy) and given back once the key goes unchecked for this long; a
+  /// token bucket's lease holds slots up to this far ahead.
   nanoseconds period = std::chrono::milliseconds(200);
   /// The most of the leased layer's capacity one instance holds at once, 0 < max_share <= 0.5
   /// (at least one unit). Default: 0.1.

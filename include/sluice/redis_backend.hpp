@@ -34,15 +34,16 @@
 // this instance took from Redis ahead of them. When a key's lease is empty, one script call checks
 // the request and, when it admits, records up to k units with the rule's own algorithm (a window:
 // k more in its count; a token bucket: its TAT k intervals later); the next checks admit from them
-// with no call. k follows the key's demand here (the units checked in the last lease period, at
-// least the cost, at most max_share of the capacity): a key checked once leases its cost alone,
-// which is an exact check. A busy key refills when fewer than half its lease is left. A lease's
-// units are used within its period and only while they still count where they were taken: a
-// window's before that window ends, a token bucket's before each unit's slot on the bucket's
-// timeline ends (a lease holds slots up to one period ahead, at most max_share of the burst, so
-// that units used evenly over the period never outrun their slots). What is left when the period
-// ends is given back while that is still exact: a window takes it off the same window's count, a
-// token bucket moves its TAT back when nobody took a slot since (x/time/rate's Cancel). A refused
+// with no call. k follows the key's demand here (about two lease periods' worth once the key is
+// busy; at least the cost, at most max_share of the capacity): a new key leases its cost alone,
+// which is an exact check, and a busy key's leases double until they match its demand. A busy key
+// refills when fewer than half its lease is left. Leased units are used only while they still
+// count where they were taken: a window's before that window ends, a token bucket's before each
+// unit's slot on the bucket's timeline ends (a lease holds slots up to one period ahead, at most
+// max_share of the burst, so that units used evenly over the period never outrun their slots).
+// Once a key goes unchecked here for a lease period, what its leases hold is given back while that
+// is still exact: a window takes it off the same window's count, a token bucket moves its TAT back
+// when nobody took a slot since (x/time/rate's Cancel). A refused
 // key is refused here, with no call, for its retry_after (for that cost or more). The sliding
 // window log cannot be leased (validate(rule) says so): it logs each unit when it is taken.
 //
@@ -50,7 +51,7 @@
 // while the algorithm still counts it where it was granted, so what all instances admit is at most
 // the limit, as the algorithm defines it, at every moment. Admissions can fall short of the limit
 // by what other instances' leases hold (at most max_share of the capacity each) until those are
-// given back or expire; a remembered refusal can keep a key refused here after another instance
+// used, given back, or end with their window or slots; a remembered refusal can keep a key refused here after another instance
 // gave units back, until its retry_after, within the same bound. Decisions carry the usual fields;
 // `remaining` is Redis's remaining as of this instance's last call for the key plus what is left
 // of its lease. Redis unreachable: leased units are still used (they were granted), then on_error

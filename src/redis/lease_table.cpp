@@ -52,7 +52,7 @@ lease_table::shard& lease_table::shard_of(std::string_view key) {
 }
 
 std::int64_t lease_table::available(segment& s, std::int64_t now) const {
-  if (now >= s.expires) return 0;
+  if (now >= s.valid_until) return 0;
   if (interval_ns_ > 0 && now >= s.first_end) {
     // Slots that ended by now can no longer be used: their units are passed, not used.
     s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
@@ -68,13 +68,13 @@ std::int64_t lease_table::available(entry& e, std::int64_t now) const {
 
 void lease_table::leftovers(const std::string& key, entry& e, std::int64_t now, bool all,
                             std::vector<give_back>& out) const {
+  // A key no longer checked here for a period gives its leases back: another instance may need
+  // them. While it is busy they stay, to be used (or to end with their window or slots).
+  const bool idle = all || now - e.last_seen >= period_ns_;
   std::erase_if(e.segments, [&](segment& s) {
-    const bool ended = now >= s.expires;
-    if (!ended && !all) return s.next >= s.units;  // used up: nothing to give back
-    // What is left may be given back while it still counts where it was taken.
-    s.expires = std::max(s.expires, now + 1);  // as of now, not as of its end
     const std::int64_t left = available(s, now);
-    if (left > 0 && now < s.valid_until) out.push_back({key, s.token, left});
+    if (!idle) return left == 0;
+    if (left > 0) out.push_back({key, s.token, left});
     return true;
   });
 }
@@ -91,10 +91,14 @@ decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t
   return d;
 }
 
-// About the units this instance checks during one period, at least the cost, at most max_units: a
-// key checked once is leased its cost alone, which is an exact check.
+// At least the cost, at most max_units: for a key checked in the last period too, the units this
+// instance checks in about two periods (a lease stays while its key is busy); for a new key, the
+// units checked so far, so that a key checked once leases its cost alone (an exact check) and a
+// busy one's leases double until they match its demand.
 std::int64_t lease_table::wanted(const entry& e, std::int64_t cost) const {
-  return std::max(cost, std::min(max_units_, std::max(e.demand, e.last_demand)));
+  const std::int64_t demand = e.last_demand > 0 ? add_sat(std::max(e.demand, e.last_demand), e.last_demand)
+                                                : e.demand;
+  return std::max(cost, std::min(max_units_, demand));
 }
 
 lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int64_t now,
@@ -196,20 +200,17 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     s.units = units;
     s.next = g.used;
     s.token = r.token;
-    const std::int64_t period_end = add_sat(g.sent_ns, period_ns_);
     const std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
     if (interval_ns_ > 0) {
       s.valid_until = add_sat(g.sent_ns, valid);
       s.first_end = s.valid_until - (units - 1) * std::min(interval_ns_, forever / units);
-    } else if (script_.dual ? rule_.tenant->algorithm == algorithm::token_bucket
-                            : rule_.limit.algorithm == algorithm::token_bucket) {
-      s.valid_until = period_end;  // an infinite rate: any unit, any time
+    } else if (leased_layer(rule_).algorithm == algorithm::token_bucket) {
+      s.valid_until = forever;  // an infinite rate: any unit, any time
       s.first_end = forever;
     } else {
       s.valid_until = add_sat(g.sent_ns, valid);
     }
-    s.expires = std::min(period_end, s.valid_until);
-    if (s.expires > now) e.segments.push_back(std::move(s));
+    if (s.valid_until > now) e.segments.push_back(std::move(s));
   }
   return std::move(e.waiting);
 }
@@ -231,7 +232,7 @@ void lease_table::undo(std::string_view key, const lease_reservation& r, std::in
   for (int i = 0; i < r.count; ++i) {
     const lease_reservation::part& p = r.parts[i];
     for (segment& s : it->second.segments) {
-      if (s.id != p.segment || now >= s.expires) continue;
+      if (s.id != p.segment || now >= s.valid_until) continue;
       // A window's units are alike; a token bucket's are its slots, put back only while they are
       // the next to use (nobody took a later one since).
       if (interval_ns_ == 0 || s.next == p.next_after) s.next = std::max<std::int64_t>(0, s.next - p.units);

@@ -118,8 +118,8 @@ class lease_table {
   /// Puts back what an admitted check took (its user layer refused): where it still can be.
   void undo(std::string_view key, const lease_reservation& r, std::int64_t now);
 
-  /// Leases whose period ended with units left, to give back while it still counts, and drops the
-  /// keys idle for two periods.
+  /// The leases of keys not checked for a period, to give back (their units left that still
+  /// count), and drops the keys idle for two periods.
   std::vector<give_back> expire(std::int64_t now);
   /// Every lease's units left, to give back; the table is empty after (the rule was dropped), but
   /// for the calls still in flight, whose units are to be drained again when they are answered.
@@ -131,8 +131,7 @@ class lease_table {
     std::uint64_t id = 0;
     std::int64_t units = 0;
     std::int64_t next = 0;         // units used or passed
-    std::int64_t expires = 0;      // no unit is used at or after it
-    std::int64_t valid_until = 0;  // a give-back still counts before it (the window's end, the last slot's)
+    std::int64_t valid_until = 0;  // no unit is used at or after it: its window's end, its last slot's
     std::int64_t first_end = 0;    // token bucket: unit j's slot ends first_end + j × interval
     std::string token;
   };

@@ -76,7 +76,7 @@ TEST(LeaseTableTest, AColdKeyAsksForItsCostAloneAndABusyOneForWhatItUsesInAPerio
   EXPECT_EQ(t.check("other", 1, 6, no_waiter).want, 250);
 }
 
-TEST(LeaseTableTest, LeasedUnitsAreUsedUntilTheLeaseEndsThenAskedForAgain) {
+TEST(LeaseTableTest, LeasedUnitsStayWhileTheKeyIsBusyAndGoBackOnceItIsIdle) {
   lease_table t = make_table(leased(fixed_window_policy(100, 60s), 200ms));
   ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
   t.answered("k", grant(0, 1, 5, 90, 60'000'000), 0);  // 5 leased, 1 used by the check
@@ -88,17 +88,20 @@ TEST(LeaseTableTest, LeasedUnitsAreUsedUntilTheLeaseEndsThenAskedForAgain) {
   }
   EXPECT_EQ(t.check("k", 1, 10 * ms, no_waiter).what, step::take);
   t.failed("k");
-  // A lease ends with its period: units left then are given back, not used.
-  t.answered("k", grant(20 * ms, 0, 3, 87, 60'000'000), 20 * ms);
-  EXPECT_EQ(check_step(t, "k", 219 * ms), step::admit);
-  EXPECT_EQ(t.check("k", 1, 220 * ms, no_waiter).what, step::take);
-  t.failed("k");
-  std::vector<give_back> back = t.expire(221 * ms);
+  t.answered("k", grant(20 * ms, 0, 3, 87, 60'000'000), 20 * ms);  // a refill
+  // Checked at least once a period, the key keeps its lease.
+  EXPECT_EQ(check_step(t, "k", 190 * ms), step::admit);
+  EXPECT_TRUE(t.expire(380 * ms).empty());
+  EXPECT_EQ(check_step(t, "k", 380 * ms), step::admit);
+  // Unchecked for a period: what is left goes back, and the next check asks Redis.
+  EXPECT_TRUE(t.expire(579 * ms).empty());
+  std::vector<give_back> back = t.expire(580 * ms);
   ASSERT_EQ(back.size(), 1u);
   EXPECT_EQ(back[0].key, "k");
-  EXPECT_EQ(back[0].units, 2);
+  EXPECT_EQ(back[0].units, 1);
   EXPECT_EQ(back[0].token, "7");
-  EXPECT_TRUE(t.expire(222 * ms).empty());
+  EXPECT_TRUE(t.expire(581 * ms).empty());
+  EXPECT_EQ(t.check("k", 1, 581 * ms, no_waiter).what, step::take);
 }
 
 TEST(LeaseTableTest, AWindowsLeaseEndsWithItsWindowAndIsNotGivenBackAfter) {
@@ -193,19 +196,19 @@ TEST(LeaseTableTest, ABusyKeyRefillsBeforeItsLeaseRunsDry) {
     if (p.what == step::take) t.answered("k", grant(now, 1, p.want, 900, 60'000'000), now);
     if (p.refill > 0) t.failed("k");
   }
-  (void)t.expire(now + 200 * ms);  // what is left of those leases ends with them
   now += 200 * ms;
+  (void)t.expire(now);  // unchecked for a period: what those leases hold goes back
   lease_plan p = t.check("k", 1, now, no_waiter);
   ASSERT_EQ(p.what, step::take);
-  EXPECT_EQ(p.want, 40);
-  t.answered("k", grant(now, 1, 40, 800, 60'000'000), now);
+  EXPECT_EQ(p.want, 80);  // busy: about two periods' demand
+  t.answered("k", grant(now, 1, 80, 800, 60'000'000), now);
   int admitted = 0;
   while ((p = t.check("k", 1, now, no_waiter)).what == step::admit && p.refill == 0) ++admitted;
   EXPECT_EQ(p.what, step::admit);
-  EXPECT_EQ(admitted, 19);  // refilled once fewer than half of the 40 were left
-  EXPECT_EQ(p.refill, 40);  // about a period's demand again
+  EXPECT_EQ(admitted, 39);  // refilled once fewer than half of the 80 were left
+  EXPECT_EQ(p.refill, 41 + 40);  // this period's demand so far and the last one's
   t.answered("k", grant(now, 0, p.refill, 700, 60'000'000), now);
-  for (int i = 0; i < 40; ++i) EXPECT_EQ(t.check("k", 1, now, no_waiter).what, step::admit) << i;
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(t.check("k", 1, now, no_waiter).what, step::admit) << i;
 }
 
 TEST(LeaseTableTest, ThreadsSharingAKeyNeverUseMoreThanWasLeased) {
