@@ -56,6 +56,7 @@ bench: build
 	bench/http/run.sh build/examples/notes_beast
 	bench/etcd/run.sh build/src/server/sluiced
 	bench/envoy/run.sh build/src/server/sluiced build/bench/rls_load
+	bench/leases/run.sh build/src/server/sluiced
 
 # The core benchmarks next to Go's golang.org/x/time/rate (installs golang-go when missing).
 bench-peers: build

@@ -111,15 +111,16 @@ for r in "${results[@]}"; do
   IFS='|' read -r mode rps p99 ch cc kh kc calls checks most <<<"$r"
   read -r max over windows <<<"$most"
   case "$mode" in
-    memory) runs_hot="-"; runs_cold="-"; per_call="-" ;;
+    memory) runs_hot="-"; runs_cold="-"; per_call="-"
+      over="- (each instance its own limit)"; windows="" ;;
     exact) runs_hot="1.000"; runs_cold="1.000"  # every check runs its script once
       per_call="$(awk -v a="$calls" -v b="$checks" 'BEGIN { printf "%.3f", b ? a / b : 0 }')" ;;
     lease) runs_hot="$(awk -v a="$kh" -v b="$ch" 'BEGIN { printf "%.4f", b ? a / b : 0 }')"
       runs_cold="$(awk -v a="$kc" -v b="$cc" 'BEGIN { printf "%.3f", b ? a / b : 0 }')"
       per_call="$(awk -v a="$calls" -v b="$((ch + cc))" 'BEGIN { printf "%.3f", b ? a / b : 0 }')" ;;
   esac
-  printf '%-7s %11.0f %17s %15s %15s %12s %14s (over: %s of %s)\n' "$mode" "$rps" "$p99" "$runs_hot" "$runs_cold" \
-    "$per_call" "$max/$limit" "$over" "$windows"
+  printf '%-7s %11.0f %17s %15s %15s %12s %14s (over: %s%s)\n' "$mode" "$rps" "$p99" "$runs_hot" "$runs_cold" \
+    "$per_call" "$max/$limit" "$over" "${windows:+ of $windows}"
 done
 rps_of() { for r in "${results[@]}"; do [ "${r%%|*}" = "$1" ] && cut -d'|' -f2 <<<"$r"; done; }
 hot_runs="$(for r in "${results[@]}"; do [ "${r%%|*}" = lease ] && awk -F'|' '{ printf "%.6f", $4 ? $6 / $4 : 0 }' <<<"$r"; done)"

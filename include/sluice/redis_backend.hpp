@@ -51,13 +51,12 @@
 // while the algorithm still counts it where it was granted, so what all instances admit is at most
 // the limit, as the algorithm defines it, at every moment. Admissions can fall short of the limit
 // by what other instances' leases hold (at most max_share of the capacity each) until those are
-// used, given back, or end with their window or slots; a remembered refusal can keep a key refused here after another instance
-// gave units back, until its retry_after, within the same bound. Decisions carry the usual fields;
-// `remaining` is Redis's remaining as of this instance's last call for the key plus what is left
-// of its lease. Redis unreachable: leased units are still used (they were granted), then on_error
-// decides. A failed give-back loses nothing: its units stay counted until their window ends or
-// their slots pass. A dual-layer rule leases its tenant layer; its user layer is checked exactly,
-// one call per check, and a user-layer refusal puts the tenant's unit back (all or nothing).
+// used, given back, or end with their window or slots; a remembered refusal can keep a key refused here after another
+// instance gave units back, until its retry_after, within the same bound. Decisions carry the usual fields; `remaining`
+// is Redis's remaining as of this instance's last call for the key plus what is left of its lease. Redis unreachable:
+// leased units are still used (they were granted), then on_error decides. A failed give-back loses nothing: its units
+// stay counted until their window ends or their slots pass. A dual-layer rule leases its tenant layer; its user layer
+// is checked exactly, one call per check, and a user-layer refusal puts the tenant's unit back (all or nothing).
 // check_all() and checks without a prepared rule do not lease. A rule prepared again starts
 // without leases or remembered refusals; the dropped one's leases are given back. The counters are
 // in append_metrics (sluice_lease_*, per rule name).

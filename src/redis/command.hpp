@@ -44,9 +44,9 @@ struct prepared_script {
   std::string tag;                ///< The keys' state tag (keys.hpp): the user layer's, or the rule's.
   std::string tenant_tag;         ///< Dual only: the tenant layer's.
   // A leased rule (rule::lease) only:
-  std::string leased_params;      ///< RESP: the leased layer's algorithm index and three parameters.
-  std::string user_params;        ///< Dual: the user layer's three parameters (checked without a lease).
-  std::size_t user_script = 0;    ///< Dual: the user layer's single-layer script (and algorithm index).
+  std::string leased_params;    ///< RESP: the leased layer's algorithm index and three parameters.
+  std::string user_params;      ///< Dual: the user layer's three parameters (checked without a lease).
+  std::size_t user_script = 0;  ///< Dual: the user layer's single-layer script (and algorithm index).
 };
 
 /// The script and packed parameters of `r`. Errors (nothing made): what validate(r) refuses, and
@@ -135,15 +135,14 @@ command user_layer_command(const prepared_script& p, const rule& r, const check_
 
 /// The give-back of `units` of a lease taken with `token`, on the leased layer of `req`'s keys.
 command give_back_command(const prepared_script& p, const rule& r, const check_request& req,
-                          std::string_view key_prefix, std::int64_t now_us, std::string_view token,
-                          std::int64_t units);
+                          std::string_view key_prefix, std::int64_t now_us, std::string_view token, std::int64_t units);
 
 /// What a lease call answered.
 struct lease_reply {
-  decision check;          ///< The check's decision, as an exact check reports it (+ the lease's units left).
-  decision leased;         ///< The leased layer's figures alone (a dual-layer rule's tenant layer).
-  std::int64_t units = 0;  ///< Units leased, the check's own cost included; 0 when refused.
-  std::string token;       ///< What the give-back compares.
+  decision check;             ///< The check's decision, as an exact check reports it (+ the lease's units left).
+  decision leased;            ///< The leased layer's figures alone (a dual-layer rule's tenant layer).
+  std::int64_t units = 0;     ///< Units leased, the check's own cost included; 0 when refused.
+  std::string token;          ///< What the give-back compares.
   std::int64_t valid_us = 0;  ///< How long the units may be used, from the call's `now`.
 };
 

@@ -83,8 +83,9 @@ void redis_core::shutdown() {
   f.wait();
 }
 
-// What prepare() makes and the local fallback's own prepared form of the rule, which keeps the
-// fallback's state for as long as the prepared rule is held.
+// What prepare() makes, the local fallback's own prepared form of the rule (which keeps the
+// fallback's state for as long as the prepared rule is held), and a leased rule's lease table,
+// registered for the sweeps and metrics.
 result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare(const rule& r, const backend* owner) {
   auto p = prepare_script(r, owner);
   if (!p) return p;

@@ -61,9 +61,9 @@ struct redis_prepared_rule final : prepared_rule {
   redis_prepared_rule(const rule& r, const backend* owner) : prepared_rule(r, owner) {}
   ~redis_prepared_rule() override;
   prepared_script call;
-  prepared_rule_ptr local;               // on_error = local only
-  std::shared_ptr<lease_table> leases;   // rule::lease only
-  std::weak_ptr<redis_core> core;        // leases only: where to give them back
+  prepared_rule_ptr local;              // on_error = local only
+  std::shared_ptr<lease_table> leases;  // rule::lease only
+  std::weak_ptr<redis_core> core;       // leases only: where to give them back
 };
 
 /// A lease's call on its way (lease_table.hpp), and what its reply updates.
@@ -80,8 +80,8 @@ struct lease_call {
   std::int64_t cost = 0;               // the check's (0: a refill)
   std::int64_t sent_ns = 0;            // local time, taken before it is sent
   std::size_t script = 0;
-  decision tenant;                     // user_layer: the tenant layer, from the lease
-  lease_reservation reserved;          // user_layer: put back when the user layer refuses or fails
+  decision tenant;             // user_layer: the tenant layer, from the lease
+  lease_reservation reserved;  // user_layer: put back when the user layer refuses or fails
 };
 
 struct node;
@@ -118,10 +118,10 @@ struct op {
   int redirects = 0;        // MOVED, ASK, READONLY so far (at most max_redirects)
   int retries = 0;          // TRYAGAIN, CLUSTERDOWN so far (as many as its deadline allows)
   bool done = false;
-  bool eval = false;              // sent as EVAL since a node said NOSCRIPT
-  bool alone = false;             // never batched again: its batch was refused whole (a redirection)
-  std::shared_ptr<all_call> all;  // a part of a check_all: then `req`, `rule` and `handler` are unused
-  std::vector<std::size_t> part;  // the indices of its checks in all->reqs
+  bool eval = false;                  // sent as EVAL since a node said NOSCRIPT
+  bool alone = false;                 // never batched again: its batch was refused whole (a redirection)
+  std::shared_ptr<all_call> all;      // a part of a check_all: then `req`, `rule` and `handler` are unused
+  std::vector<std::size_t> part;      // the indices of its checks in all->reqs
   std::shared_ptr<lease_call> lease;  // a lease's call (never batched)
 
   std::size_t script() const;  // the index of the script it calls
@@ -296,9 +296,9 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   // Leases, any thread.
   mutable std::mutex leases_mutex_;
-  std::vector<std::weak_ptr<lease_table>> lease_tables_;                          // guarded
+  std::vector<std::weak_ptr<lease_table>> lease_tables_;                                // guarded
   std::map<std::string, std::shared_ptr<lease_counters>, std::less<>> lease_counters_;  // guarded, by rule name
-  std::atomic<std::size_t> lease_calls_{0};  // in flight
+  std::atomic<std::size_t> lease_calls_{0};                                             // in flight
 
   // Any thread.
   std::atomic<bool> ready_{false};

@@ -159,7 +159,8 @@ void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
       if (!r) return fail(o, errc::backend_protocol, r.error().message);
       if (l.what == lease_call::kind::take) redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       decision check = r->check;
-      std::vector<lease_waiter> waiting = t.answered(l.key, {.sent_ns = l.sent_ns, .used = l.cost, .reply = *r}, local_ns());
+      std::vector<lease_waiter> waiting =
+          t.answered(l.key, {.sent_ns = l.sent_ns, .used = l.cost, .reply = *r}, local_ns());
       if (t.dropped()) {
         // Its rule was dropped while this call was in flight: what it leased goes back at once.
         for (const give_back& g : t.drain(local_ns())) send_give_back(l.table, g);
@@ -253,7 +254,8 @@ void redis_core::sweep_leases() {
   }
   auto answered = std::make_shared<std::promise<void>>();
   auto f = answered->get_future();
-  asio::post(strand_, [self = shared_from_this(), answered] { self->sweep_now([answered] { answered->set_value(); }); });
+  asio::post(strand_,
+             [self = shared_from_this(), answered] { self->sweep_now([answered] { answered->set_value(); }); });
   f.wait_for(options_.command_timeout + std::chrono::seconds(1));
 }
 

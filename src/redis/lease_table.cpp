@@ -34,13 +34,13 @@ lease_table::lease_table(const rule& r, prepared_script script, std::size_t max_
       capacity_(leased_layer(r).capacity()),
       period_ns_(r.lease->period.count()),
       interval_ns_(interval_of(leased_layer(r))),
-      max_units_(std::max<std::int64_t>(1, static_cast<std::int64_t>(
-                                               std::floor(r.lease->max_share * static_cast<double>(capacity_))))),
+      max_units_(std::max<std::int64_t>(
+          1, static_cast<std::int64_t>(std::floor(r.lease->max_share * static_cast<double>(capacity_))))),
       // A token bucket's lease holds the slots up to one period ahead, and never more than
       // max_units of them: a share of the bucket, like any lease.
-      hold_ns_(interval_ns_ > 0 ? std::min(period_ns_, max_units_ > forever / interval_ns_ ? forever
-                                                                                              : max_units_ * interval_ns_)
-                                : 0),
+      hold_ns_(interval_ns_ > 0
+                   ? std::min(period_ns_, max_units_ > forever / interval_ns_ ? forever : max_units_ * interval_ns_)
+                   : 0),
       max_keys_per_shard_(std::max<std::size_t>(1, max_keys / shard_count)),
       counters_(std::move(counters)) {
   user_layer_.script = script_.user_script;
@@ -95,9 +95,14 @@ decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t
 // instance checks in about two periods (a lease stays while its key is busy); for a new key, the
 // units checked so far, so that a key checked once leases its cost alone (an exact check) and a
 // busy one's leases double until they match its demand.
-std::int64_t lease_table::wanted(const entry& e, std::int64_t cost) const {
-  const std::int64_t demand = e.last_demand > 0 ? add_sat(std::max(e.demand, e.last_demand), e.last_demand)
-                                                : e.demand;
+// A window's lease is also no larger than that demand until the window ends: what is left then is
+// lost to every instance.
+std::int64_t lease_table::wanted(const entry& e, std::int64_t cost, std::int64_t now) const {
+  std::int64_t demand = e.last_demand > 0 ? add_sat(std::max(e.demand, e.last_demand), e.last_demand) : e.demand;
+  if (interval_ns_ == 0 && now < e.window_end && e.last_demand > 0) {
+    const double until_end = static_cast<double>(e.window_end - now) / static_cast<double>(period_ns_);
+    demand = std::min(demand, static_cast<std::int64_t>(std::ceil(until_end * static_cast<double>(e.last_demand))));
+  }
   return std::max(cost, std::min(max_units_, demand));
 }
 
@@ -138,7 +143,7 @@ lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int6
     have -= cost;
     plan.leased = leased_decision(e, true, now);
     plan.leased.remaining = std::min(capacity_, add_sat(e.shared_remaining, have));
-    const std::int64_t want = wanted(e, 0);
+    const std::int64_t want = wanted(e, 0, now);
     if (!e.taking && want >= 2 && have < want / 2 && have < max_units_ && now >= e.refill_refused_until) {
       // Refill before the lease runs dry, so that a busy key does not wait for Redis.
       plan.refill = std::min(want, max_units_ - have);
@@ -161,7 +166,7 @@ lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int6
   }
   e.taking = true;
   plan.what = lease_plan::step::take;
-  plan.want = wanted(e, cost);
+  plan.want = wanted(e, cost, now);
   return plan;
 }
 
@@ -210,6 +215,7 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     } else {
       s.valid_until = add_sat(g.sent_ns, valid);
     }
+    if (interval_ns_ == 0) e.window_end = s.valid_until;
     if (s.valid_until > now) e.segments.push_back(std::move(s));
   }
   return std::move(e.waiting);

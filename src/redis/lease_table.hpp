@@ -38,13 +38,13 @@ namespace sluice::detail {
 
 /// Counters of one rule name's leases (its overrides' and earlier definitions' too), for /metrics.
 struct lease_counters {
-  std::atomic<std::uint64_t> checks{0};           ///< Checks of the rule.
-  std::atomic<std::uint64_t> redis_calls{0};      ///< Script calls they cost (takes, refills, give-backs...).
-  std::atomic<std::uint64_t> local_admits{0};     ///< Admitted from a lease, without a call for the leased layer.
-  std::atomic<std::uint64_t> local_refusals{0};   ///< Refused from a remembered refusal, without a call.
-  std::atomic<std::uint64_t> leases{0};           ///< Lease calls that leased units.
-  std::atomic<std::uint64_t> units_leased{0};     ///< Units they leased.
-  std::atomic<std::uint64_t> units_returned{0};   ///< Units given back (Redis took them back).
+  std::atomic<std::uint64_t> checks{0};          ///< Checks of the rule.
+  std::atomic<std::uint64_t> redis_calls{0};     ///< Script calls they cost (takes, refills, give-backs...).
+  std::atomic<std::uint64_t> local_admits{0};    ///< Admitted from a lease, without a call for the leased layer.
+  std::atomic<std::uint64_t> local_refusals{0};  ///< Refused from a remembered refusal, without a call.
+  std::atomic<std::uint64_t> leases{0};          ///< Lease calls that leased units.
+  std::atomic<std::uint64_t> units_leased{0};    ///< Units they leased.
+  std::atomic<std::uint64_t> units_returned{0};  ///< Units given back (Redis took them back).
 };
 
 /// A check waiting for the lease call in flight for its key; `failed`: that call failed.
@@ -78,10 +78,10 @@ struct lease_plan {
     exact,   ///< Check without a lease (the table is full, or too many wait).
   };
   step what = step::exact;
-  decision leased;               ///< admit, refuse: the leased layer's figures.
-  std::int64_t want = 0;         ///< take: units to lease (at least the cost).
-  std::int64_t refill = 0;       ///< admit: > 0 to lease this many more now, ahead of need.
-  lease_reservation reservation; ///< admit: what it took.
+  decision leased;                ///< admit, refuse: the leased layer's figures.
+  std::int64_t want = 0;          ///< take: units to lease (at least the cost).
+  std::int64_t refill = 0;        ///< admit: > 0 to lease this many more now, ahead of need.
+  lease_reservation reservation;  ///< admit: what it took.
 };
 
 /// A lease's unused units to give back.
@@ -136,18 +136,19 @@ class lease_table {
     std::string token;
   };
   struct entry {
-    std::vector<segment> segments;  // at most two: the lease in use and its refill
+    std::vector<segment> segments;      // at most two: the lease in use and its refill
     std::int64_t shared_remaining = 0;  // the leased layer's remaining, as Redis last answered
     std::int64_t reset_at = 0;          // when it said the layer would be full again
     std::int64_t refused_until = 0;     // Redis refused refused_cost (or more) until then
     std::int64_t refused_cost = 0;
     std::int64_t refill_refused_until = 0;  // a refill was refused: none before then
-    bool taking = false;                // a lease call is in flight
+    bool taking = false;                    // a lease call is in flight
     std::vector<lease_waiter> waiting;
     std::int64_t period_start = 0;  // demand: units checked this period and the one before
     std::int64_t demand = 0;
     std::int64_t last_demand = 0;
     std::int64_t last_seen = 0;
+    std::int64_t window_end = 0;  // windows: the end of the last lease's window
   };
   struct string_hash {
     using is_transparent = void;
@@ -164,7 +165,7 @@ class lease_table {
   std::int64_t available(segment& s, std::int64_t now) const;  // skips a token bucket's passed slots
   std::int64_t available(entry& e, std::int64_t now) const;
   decision leased_decision(const entry& e, bool allowed, std::int64_t now) const;
-  std::int64_t wanted(const entry& e, std::int64_t cost) const;
+  std::int64_t wanted(const entry& e, std::int64_t cost, std::int64_t now) const;
   void leftovers(const std::string& key, entry& e, std::int64_t now, bool all, std::vector<give_back>& out) const;
 
   const rule rule_;

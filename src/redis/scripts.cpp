@@ -505,9 +505,7 @@ std::string with_every_algorithm(std::string body) {
   return body;
 }
 
-std::string lease_single() {
-  return with_every_algorithm(prelude()) + std::string(lease_main);
-}
+std::string lease_single() { return with_every_algorithm(prelude()) + std::string(lease_main); }
 
 std::string lease_dual() { return with_every_algorithm(prelude()) + std::string(lease_dual_main); }
 

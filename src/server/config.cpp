@@ -296,8 +296,9 @@ result<rule> read_rule(const section& s) {
     if (!burst) return burst.error();
     r.limit = token_bucket_policy(per_second(*rate), *burst);
   } else if (dual) {
-    if (auto v = s.only({"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full", "lease", "lease_max_share"},
-                        "(a dual-layer rule takes window, tenant_limit and user_limit)");
+    if (auto v = s.only(
+            {"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full", "lease", "lease_max_share"},
+            "(a dual-layer rule takes window, tenant_limit and user_limit)");
         !v) {
       return v.error();
     }

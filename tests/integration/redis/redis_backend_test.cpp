@@ -739,8 +739,8 @@ TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
     for (std::size_t i = 0; i < groups.size(); ++i) {
       if (groups[i].size() == 1 && i % 2 == 0) {
         b->async_check(groups[i][0], [&answers, &answered, i](result<decision> d) {
-          answers[i] = d ? result<std::vector<decision>>(std::vector<decision>{*d})
-                         : result<std::vector<decision>>(d.error());
+          answers[i] =
+              d ? result<std::vector<decision>>(std::vector<decision>{*d}) : result<std::vector<decision>>(d.error());
           ++answered;
         });
       } else {

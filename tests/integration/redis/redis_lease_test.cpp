@@ -67,8 +67,8 @@ redis_server* RedisLeaseTest::redis_ = nullptr;
 TEST_F(RedisLeaseTest, AColdKeyAnswersExactlyAsAnExactCheck) {
   auto a = make();
   auto b = make();
-  for (const policy& limit : {fixed_window_policy(10, 60s), sliding_window_counter_policy(10, 60s),
-                              token_bucket_policy(per_second(1), 10)}) {
+  for (const policy& limit :
+       {fixed_window_policy(10, 60s), sliding_window_counter_policy(10, 60s), token_bucket_policy(per_second(1), 10)}) {
     redis_->command({"FLUSHALL"});
     const rule exact{.name = "exact", .limit = limit};
     const rule lease = leased({.name = "leased", .limit = limit});
@@ -92,9 +92,8 @@ TEST_F(RedisLeaseTest, AColdKeyAnswersExactlyAsAnExactCheck) {
 // Checks on two instances at random moments; every admission is replayed, in time order, into the
 // in-process limiter of the same rule, which must admit each one: nothing over the limit, as the
 // algorithm defines it.
-void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_backend& b,
-                                 testing::simulated_clock& clock, const rule& r, int steps,
-                                 std::int64_t* admitted_out) {
+void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_backend& b, testing::simulated_clock& clock,
+                                 const rule& r, int steps, std::int64_t* admitted_out) {
   auto pa = a.prepare(r).value();
   auto pb = b.prepare(r).value();
   std::mt19937 rng(42);
@@ -128,15 +127,15 @@ void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_back
     replay_clock.set(x.at);
     auto d = reference->check({.rule = &exact, .key = x.key});
     ASSERT_TRUE(d.ok());
-    ASSERT_TRUE(d->allowed) << to_string(r.limit.algorithm) << ": admitted over the limit at "
-                            << to_ns(x.at) << " on " << x.key;
+    ASSERT_TRUE(d->allowed) << to_string(r.limit.algorithm) << ": admitted over the limit at " << to_ns(x.at) << " on "
+                            << x.key;
   }
   *admitted_out = static_cast<std::int64_t>(admitted.size());
 }
 
 TEST_F(RedisLeaseTest, TwoInstancesNeverAdmitOverTheLimit) {
-  for (const policy& limit :
-       {fixed_window_policy(200, 1s), sliding_window_counter_policy(200, 1s), token_bucket_policy(per_second(200), 40)}) {
+  for (const policy& limit : {fixed_window_policy(200, 1s), sliding_window_counter_policy(200, 1s),
+                              token_bucket_policy(per_second(200), 40)}) {
     redis_->command({"FLUSHALL"});
     auto a = make();
     auto b = make();

@@ -98,7 +98,7 @@ class Cli(unittest.TestCase):
             self.assertIn(":1:1: [[rules]] is missing 'algorithm'", r.stderr)
         r = run("config", "check", EXAMPLE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("ok (4 rules, 2 overrides, backend memory)", r.stdout)
+        self.assertIn("ok (5 rules, 2 overrides, backend memory)", r.stdout)
 
     def test_check_and_rules_against_sluiced(self):
         s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = "1h"\n')

@@ -47,6 +47,29 @@ user_limit = 2
 """ % (port, prefix, on_error)
 
 
+def checks_in_parallel(instances, n, admitted, **fields):
+    """One thread per entry of `instances`, each on its own keep-alive connection, making `n`
+    checks of `fields`; returns each thread's count of responses for which `admitted` is true."""
+    counts = []
+    lock = threading.Lock()
+
+    def worker(instance):
+        s = Sluiced.__new__(Sluiced)
+        s.port, s.conn = instance.port, None
+        count = sum(bool(admitted(Sluiced.check(s, **fields))) for _ in range(n))
+        if s.conn:
+            s.conn.close()
+        with lock:
+            counts.append(count)
+
+    threads = [threading.Thread(target=worker, args=(inst,)) for inst in instances]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return counts
+
+
 def built_with_redis():
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "c.toml")
@@ -66,30 +89,12 @@ class SharedLimit(unittest.TestCase):
         self.addCleanup(a.close)
         b = Sluiced(redis_config(self.redis.port))
         self.addCleanup(b.close)
-        admitted = []
-        lock = threading.Lock()
+        def admitted(r):
+            self.assertIn(r.status, (200, 429))
+            self.assertNotIn("source", r.json(), "every decision comes from Redis")
+            return r.status == 200
 
-        def worker(instance, n):
-            # Each thread has its own keep-alive connection to its instance.
-            s = Sluiced.__new__(Sluiced)
-            s.port, s.conn = instance.port, None
-            count = 0
-            for _ in range(n):
-                r = Sluiced.check(s, rule="shared", key="user:shared")
-                self.assertIn(r.status, (200, 429))
-                body = r.json()
-                self.assertNotIn("source", body, "every decision comes from Redis")
-                count += r.status == 200
-            if s.conn:
-                s.conn.close()
-            with lock:
-                admitted.append(count)
-
-        threads = [threading.Thread(target=worker, args=(inst, 75)) for inst in (a, b, a, b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        admitted = checks_in_parallel((a, b, a, b), 75, admitted, rule="shared", key="user:shared")
         self.assertEqual(sum(admitted), 100, admitted)
         self.assertEqual(len(admitted), 4)
         # Both instances see the same exhausted window, with the same headers.
@@ -115,23 +120,7 @@ lease_max_share = 0.1
         self.addCleanup(a.close)
         b = Sluiced(leased)
         self.addCleanup(b.close)
-        admitted = []
-        lock = threading.Lock()
-
-        def worker(instance, n):
-            s = Sluiced.__new__(Sluiced)
-            s.port, s.conn = instance.port, None
-            count = sum(Sluiced.check(s, rule="leased", key="hot").status == 200 for _ in range(n))
-            if s.conn:
-                s.conn.close()
-            with lock:
-                admitted.append(count)
-
-        threads = [threading.Thread(target=worker, args=(inst, 150)) for inst in (a, b, a, b)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        admitted = checks_in_parallel((a, b, a, b), 150, lambda r: r.status == 200, rule="leased", key="hot")
         # At most the limit; at least the limit less what the two instances can hold (20 each).
         self.assertLessEqual(sum(admitted), 200, admitted)
         self.assertGreaterEqual(sum(admitted), 200 - 2 * 20, admitted)

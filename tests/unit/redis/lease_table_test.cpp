@@ -29,7 +29,9 @@ lease_table make_table(const rule& r) {
   return lease_table(r, prepare_script(r).value(), 1000, std::make_shared<lease_counters>());
 }
 
-lease_waiter no_waiter() { return [](bool) {}; }
+lease_waiter no_waiter() {
+  return [](bool) {};
+}
 
 // A check; a refill it starts fails at once, so that the next check does not wait for it.
 step check_step(lease_table& t, std::string_view key, std::int64_t now, std::int64_t cost = 1) {
@@ -40,8 +42,8 @@ step check_step(lease_table& t, std::string_view key, std::int64_t now, std::int
 
 // A lease call's answer: granted `units` (0: refused, retry after `retry`), the check having used
 // `used`, Redis's own remaining after it `shared` (the script reports it with the lease's units left).
-lease_grant grant(std::int64_t sent, std::int64_t used, std::int64_t units, std::int64_t shared,
-                  std::int64_t valid_us, std::string token = "7", nanoseconds retry = 0ns) {
+lease_grant grant(std::int64_t sent, std::int64_t used, std::int64_t units, std::int64_t shared, std::int64_t valid_us,
+                  std::string token = "7", nanoseconds retry = 0ns) {
   lease_grant g;
   g.sent_ns = sent;
   g.used = used;
@@ -150,9 +152,7 @@ TEST(LeaseTableTest, ChecksWaitForTheLeaseInFlightAndResumeWhenItIsAnswered) {
   lease_table t = make_table(leased(fixed_window_policy(100, 60s)));
   ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
   int resumed = 0, failed = 0;
-  const auto waiter = [&]() -> lease_waiter {
-    return [&](bool f) { f ? ++failed : ++resumed; };
-  };
+  const auto waiter = [&]() -> lease_waiter { return [&](bool f) { f ? ++failed : ++resumed; }; };
   for (int i = 0; i < 3; ++i) EXPECT_EQ(t.check("k", 1, 0, waiter).what, step::wait);
   for (lease_waiter& w : t.answered("k", grant(0, 1, 4, 90, 60'000'000), 0)) w(false);
   EXPECT_EQ(resumed, 3);
@@ -205,7 +205,7 @@ TEST(LeaseTableTest, ABusyKeyRefillsBeforeItsLeaseRunsDry) {
   int admitted = 0;
   while ((p = t.check("k", 1, now, no_waiter)).what == step::admit && p.refill == 0) ++admitted;
   EXPECT_EQ(p.what, step::admit);
-  EXPECT_EQ(admitted, 39);  // refilled once fewer than half of the 80 were left
+  EXPECT_EQ(admitted, 39);       // refilled once fewer than half of the 80 were left
   EXPECT_EQ(p.refill, 41 + 40);  // this period's demand so far and the last one's
   t.answered("k", grant(now, 0, p.refill, 700, 60'000'000), now);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(t.check("k", 1, now, no_waiter).what, step::admit) << i;
@@ -247,7 +247,7 @@ TEST(LeaseReplyTest, HostileRepliesAreProtocolErrors) {
   EXPECT_FALSE(parse_lease_reply(p, false, *reply(0, 3, b.string("12"))).ok());   // units from a refusal
   EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, -1, b.string("12"))).ok());  // negative units
   EXPECT_FALSE(parse_lease_reply(p, false, *reply(2, 1, b.string("12"))).ok());   // allowed 2
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, 1, b.integer(12))).ok());     // token not a string
+  EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, 1, b.integer(12))).ok());    // token not a string
   EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, 1, b.string(std::string(300, 'x')))).ok());
   EXPECT_FALSE(parse_lease_reply(p, false, *b.integers({1, 5, 0, 100, 1})).ok());  // short
   EXPECT_FALSE(parse_lease_reply(p, false, *b.integer(1)).ok());
