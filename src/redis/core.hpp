@@ -233,6 +233,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void finish_lease(const op_ptr& o, const redisReply& reply);
   void fail_lease(const op_ptr& o);
   void lease_call_finished();
+  void after_lease_calls(std::function<void()> f);
   void sweep_now(std::function<void()> when_idle);
   void send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g);
   std::vector<std::shared_ptr<lease_table>> live_lease_tables();

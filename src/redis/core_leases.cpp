@@ -233,8 +233,8 @@ void redis_core::send_give_back(const std::shared_ptr<lease_table>& table, const
   send_lease(std::move(call), std::move(c), {}, nullptr, ignore);
 }
 
-// On the strand: gives back what leases whose period ended did not use; `when_idle` (if any) is
-// told once no lease call is in flight.
+// On the strand: gives back what the leases of keys idle for a period hold; `when_idle` (if any)
+// is told once no lease call is in flight.
 void redis_core::sweep_now(std::function<void()> when_idle) {
   if (!stopping_) {
     const std::int64_t now = local_ns();
@@ -242,9 +242,13 @@ void redis_core::sweep_now(std::function<void()> when_idle) {
       for (const give_back& g : t->expire(now)) send_give_back(t, g);
     }
   }
-  if (!when_idle) return;
-  if (lease_calls_.load(std::memory_order_acquire) == 0) return when_idle();
-  when_leases_idle_.push_back(std::move(when_idle));
+  if (when_idle) after_lease_calls(std::move(when_idle));
+}
+
+// On the strand: `f` now if no lease call is in flight, else once none is.
+void redis_core::after_lease_calls(std::function<void()> f) {
+  if (lease_calls_.load(std::memory_order_acquire) == 0) return f();
+  when_leases_idle_.push_back(std::move(f));
 }
 
 void redis_core::sweep_leases() {
@@ -252,10 +256,13 @@ void redis_core::sweep_leases() {
     asio::post(strand_, [self = shared_from_this()] { self->sweep_now(nullptr); });
     return;
   }
+  // Once the calls in flight are answered (a refill's units are then in its lease), and again
+  // once the give-backs are.
   auto answered = std::make_shared<std::promise<void>>();
   auto f = answered->get_future();
-  asio::post(strand_,
-             [self = shared_from_this(), answered] { self->sweep_now([answered] { answered->set_value(); }); });
+  asio::post(strand_, [self = shared_from_this(), answered] {
+    self->after_lease_calls([self, answered] { self->sweep_now([answered] { answered->set_value(); }); });
+  });
   f.wait_for(options_.command_timeout + std::chrono::seconds(1));
 }
 

@@ -71,12 +71,16 @@ void lease_table::leftovers(const std::string& key, entry& e, std::int64_t now, 
   // A key no longer checked here for a period gives its leases back: another instance may need
   // them. While it is busy they stay, to be used (or to end with their window or slots).
   const bool idle = all || now - e.last_seen >= period_ns_;
-  std::erase_if(e.segments, [&](segment& s) {
-    const std::int64_t left = available(s, now);
-    if (!idle) return left == 0;
-    if (left > 0) out.push_back({key, s.token, left});
-    return true;
-  });
+  if (!idle) {
+    std::erase_if(e.segments, [&](segment& s) { return available(s, now) == 0; });
+    return;
+  }
+  // The newest first: a token bucket's older lease is the last slots again once the newer one's
+  // are back.
+  for (auto s = e.segments.rbegin(); s != e.segments.rend(); ++s) {
+    if (const std::int64_t left = available(*s, now); left > 0) out.push_back({key, s->token, left});
+  }
+  e.segments.clear();
 }
 
 decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t now) const {

@@ -232,6 +232,26 @@ TEST_F(RedisLeaseTest, GivenBackUnitsAreAdmittedOnTheOtherInstance) {
   EXPECT_EQ(metrics.find("sluice_lease_units_returned_total{rule=\"share\"} 0"), std::string::npos) << metrics;
 }
 
+// A token bucket's unused leased units go back by moving its TAT back (x/time/rate's Cancel): the
+// bucket is then as if only the used units had been taken.
+TEST_F(RedisLeaseTest, ATokenBucketsUnusedUnitsMoveItsTatBack) {
+  auto a = make();
+  auto b = make();
+  const rule r = leased({.name = "bucket", .limit = token_bucket_policy(per_second(10), 100)}, 100ms, 0.5);
+  auto pa = prepare(*a, r);
+  auto pb = prepare(*b, r);
+  clock_.set(time_point(std::chrono::hours(24 * 365 * 8)));
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(check(*a, *pa, "k").allowed);
+  // A's leases took more than the 40 it used; idle for a period, it gives them back.
+  clock_.advance(150ms);
+  a->give_back_leases();
+  // 100 − 40 + 1.5 refilled, less B's own unit: 60 whole tokens left.
+  EXPECT_EQ(check(*b, *pb, "k").remaining, 60);
+  std::string metrics;
+  a->append_metrics(metrics);
+  EXPECT_EQ(metrics.find("sluice_lease_units_returned_total{rule=\"bucket\"} 0"), std::string::npos) << metrics;
+}
+
 TEST_F(RedisLeaseTest, LeasedUnitsOutliveRedisThenOnErrorDecides) {
   redis_server own;
   auto a = make({.on_error = failure_policy::deny}, &own);
