@@ -53,7 +53,10 @@ class verdict {
   bool admitted() const noexcept { return outcome_.action != outcome::action::refuse; }
   /// The 429 response (HTTP version and keep-alive taken from `req`).
   response refusal(const request& req) const;
-  /// Adds the rate-limit header fields to an admitted request's response.
+  /// Adds the rate-limit header fields to an admitted request's response (replacing any the
+  /// handler set). They go in as one preformatted element of Beast's container, the first field's,
+  /// whose value carries the others' lines: on the wire they are separate fields, but
+  /// `res[name]` finds only the first. Calling it again replaces them.
   void apply(response& res) const;
   const sluice::http::outcome& result() const noexcept { return outcome_; }
 
