@@ -7,6 +7,9 @@
 #include "sluice/memory_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <deque>
 #include <random>
 #include <string>
@@ -190,6 +193,23 @@ TEST(ClientAddress, ParsesAndCanonicalises) {
     EXPECT_FALSE(parse_ip(bad)) << bad;
   }
   EXPECT_TRUE(parse_cidr("10.0.0.0/8")->contains(*parse_ip("10.255.1.2")));
+  // IPv4 is parsed without inet_pton: it accepts exactly what inet_pton does, to the same bytes.
+  std::mt19937 rng(11);
+  const std::string alphabet = "0123456789...25 x";
+  std::vector<std::string> cases = {"0.0.0.0", "255.255.255.255", "01.2.3.4", "1.2.3.04", "1.2.3.256", "1..2.3",
+                                    "1.2.3.", ".1.2.3", "1234.1.1.1", "1.2.3.4 ", "0.0.0.00", std::string("1.2.3.4\0", 8)};
+  for (int i = 0; i < 20000; ++i) {
+    std::string s;
+    for (std::size_t n = rng() % 16; n > 0; --n) s += alphabet[rng() % alphabet.size()];
+    cases.push_back(s);
+  }
+  for (const std::string& c : cases) {
+    std::uint8_t want[4];
+    const bool ok = c.find('\0') == std::string::npos && inet_pton(AF_INET, c.c_str(), want) == 1;
+    auto got = parse_ip(c);
+    ASSERT_EQ(got.has_value(), ok) << "\"" << c << "\"";
+    if (ok) EXPECT_TRUE(std::equal(want, want + 4, got->bytes.begin() + 12)) << c;
+  }
   EXPECT_FALSE(parse_cidr("10.0.0.0/8")->contains(*parse_ip("11.0.0.1")));
   EXPECT_TRUE(parse_cidr("10.1.2.3/8")->contains(*parse_ip("10.9.9.9")));  // host bits masked
   EXPECT_TRUE(parse_cidr("0.0.0.0/0")->contains(*parse_ip("8.8.8.8")));
