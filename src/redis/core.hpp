@@ -78,6 +78,7 @@ struct lease_call {
   std::shared_ptr<lease_table> table;  // held: a refill or give-back may outlive the rule
   std::string key;                     // the leased layer's key
   std::int64_t cost = 0;               // the check's (0: a refill)
+  std::int64_t want = 0;               // take, refill: the most units asked for
   std::int64_t sent_ns = 0;            // local time, taken before it is sent
   std::size_t script = 0;
   decision tenant;             // user_layer: the tenant layer, from the lease

@@ -72,6 +72,7 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
       call->table = p.leases;
       call->key = std::string(key);
       call->cost = req.cost;
+      call->want = plan.want;
       call->sent_ns = now;
       call->script = dual ? lease_dual_script : lease_script;
       command c = lease_command(p.call, p.definition(), req, options_.key_prefix, now_us(), req.cost, plan.want,
@@ -86,6 +87,7 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
     call->what = lease_call::kind::refill;
     call->table = p.leases;
     call->key = std::string(key);
+    call->want = plan.refill;
     call->sent_ns = now;
     call->script = lease_script;
     command c = lease_command(p.call, p.definition(), leased_key_request(table, call->key), options_.key_prefix,
@@ -157,6 +159,10 @@ void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
     case lease_call::kind::refill: {
       auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, reply);
       if (!r) return fail(o, errc::backend_protocol, r.error().message);
+      if (r->units > l.want || (r->units > 0 && r->units < l.cost)) {
+        return fail(o, errc::backend_protocol,
+                    "the lease script leased more units than asked for, or fewer than the cost");
+      }
       if (l.what == lease_call::kind::take) redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       decision check = r->check;
       std::vector<lease_waiter> waiting =

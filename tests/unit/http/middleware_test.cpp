@@ -196,8 +196,9 @@ TEST(ClientAddress, ParsesAndCanonicalises) {
   // IPv4 is parsed without inet_pton: it accepts exactly what inet_pton does, to the same bytes.
   std::mt19937 rng(11);
   const std::string alphabet = "0123456789...25 x";
-  std::vector<std::string> cases = {"0.0.0.0", "255.255.255.255", "01.2.3.4", "1.2.3.04", "1.2.3.256", "1..2.3",
-                                    "1.2.3.", ".1.2.3", "1234.1.1.1", "1.2.3.4 ", "0.0.0.00", std::string("1.2.3.4\0", 8)};
+  std::vector<std::string> cases = {"0.0.0.0",    "255.255.255.255", "01.2.3.4", "1.2.3.04",
+                                    "1.2.3.256",  "1..2.3",          "1.2.3.",   ".1.2.3",
+                                    "1234.1.1.1", "1.2.3.4 ",        "0.0.0.00", std::string("1.2.3.4\0", 8)};
   for (int i = 0; i < 20000; ++i) {
     std::string s;
     for (std::size_t n = rng() % 16; n > 0; --n) s += alphabet[rng() % alphabet.size()];
