@@ -32,40 +32,46 @@
 //
 // Leases (rule::lease, off by default): checks of a prepared leased rule are answered from units
 // this instance took from Redis ahead of them. When a key's lease is empty, one script call checks
-// the request and, when it admits, records up to k units with the rule's own algorithm (a window:
-// k more in its count; a token bucket: its TAT k intervals later); the next checks admit from them
+// the request and, when it admits, records up to k units with the rule's own algorithm (a window: k
+// more in its count; a token bucket: its TAT k intervals later); the next checks admit from them
 // with no call. k follows the key's demand here (about two lease periods' worth once the key is
 // busy; at least the cost, at most max_share of the capacity): a new key leases its cost alone,
 // which is an exact check, and a busy key's leases double until they match its demand. A busy key
-// refills when fewer than half its lease is left. Leased units are used only while they still
-// count where they were taken: a window's before that window ends, a token bucket's before each
-// unit's slot on the bucket's timeline ends (a lease holds slots up to one period ahead, at most
-// max_share of the burst, so that units used evenly over the period never outrun their slots).
-// Once a key goes unchecked here for a lease period, what its leases hold is given back while that
-// is still exact: a window takes it off the same window's count, a token bucket moves its TAT back
-// when nobody took a slot since (x/time/rate's Cancel). A refused
-// key is refused here, with no call, for its retry_after (for that cost or more). The sliding
-// window log cannot be leased (validate(rule) says so): it logs each unit when it is taken.
+// refills when fewer than half its lease is left. Leased units are used only while they still count
+// where they were taken: a window's before that window ends, a token bucket's before each unit's
+// slot on the bucket's timeline ends (a lease holds slots up to one period ahead, at most max_share
+// of the burst, so that units used evenly over the period never outrun their slots), and for at
+// most four periods whatever the window (Redis measures how long they count on its clock and this
+// instance spends it on its own: the guarantee assumes the two agree over a few periods). What a
+// key's leases hold once it goes unchecked here for a period, or once a lease's four periods end,
+// is given back while that is still exact: a window takes it off the same window's count, a token
+// bucket moves its TAT back when nobody took a slot since (x/time/rate's Cancel). A refused key is
+// refused here, with no call, for its retry_after (for that cost or more). The sliding window log
+// cannot be leased (validate(rule) says so): it would log each unit when leased, not when used.
 //
 // The guarantee: every unit admitted on any instance was granted by the shared state and is used
 // while the algorithm still counts it where it was granted, so what all instances admit is at most
 // the limit, as the algorithm defines it, at every moment. Admissions can fall short of the limit
 // by what other instances' leases hold (at most max_share of the capacity each) until those are
-// used, given back, or end with their window or slots; a remembered refusal can keep a key refused here after another
-// instance gave units back, until its retry_after, within the same bound. Decisions carry the usual fields; `remaining`
-// is Redis's remaining as of this instance's last call for the key plus what is left of its lease. Redis unreachable:
-// leased units are still used (they were granted), then on_error decides. A failed give-back loses nothing: its units
-// stay counted until their window ends or their slots pass. A dual-layer rule leases its tenant layer; its user layer
-// is checked exactly, one call per check, and a user-layer refusal puts the tenant's unit back (all or nothing).
-// check_all() and checks without a prepared rule do not lease. A rule prepared again starts
-// without leases or remembered refusals; the dropped one's leases are given back. The counters are
-// in append_metrics (sluice_lease_*, per rule name).
+// used, given back, or end; a remembered refusal can keep a key refused here after another instance
+// gave units back, until its retry_after, within the same bound. Decisions carry the usual fields;
+// `remaining` is Redis's remaining as of this instance's last call for the key plus what is left of
+// its lease. Redis unreachable: leased units are still used (they were granted), then on_error
+// decides. A failed give-back loses nothing: its units stay counted until their window ends or
+// their slots pass. A dual-layer rule leases its tenant layer and checks its user layer exactly,
+// one call per check: the tenant's units are taken with an admitted user layer (in one script), or
+// from the lease and put back when the user layer refuses (where that is still exact: a token
+// bucket's unit only when no later slot was taken since; otherwise it is lost to this instance,
+// never over-admitted). check_all() and checks without a prepared rule do not lease. A rule
+// prepared again starts without leases or remembered refusals; the dropped one's leases are given
+// back. The counters are in append_metrics (sluice_lease_*, per rule name).
 //
 // Thread-safe. `check()` blocks; never call it on the backend's own io thread (it returns
 // errc::invalid_argument there) — use async_check (or sluice/asio.hpp) on that thread. Handlers of
-// async_check run on the io thread (or inline, for invalid requests and overload). Destroying the
-// backend completes every waiting check first (as failures, decided by on_error); never destroy it
-// from inside one of its own handlers.
+// async_check run on the io thread, or inline: for invalid requests, overload, and the checks of a
+// leased rule answered from its lease or a remembered refusal. Destroying the backend completes
+// every waiting check first (as failures, decided by on_error); never destroy it from inside one of
+// its own handlers.
 #pragma once
 
 #include <chrono>

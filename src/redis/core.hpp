@@ -228,7 +228,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   // --- leases (core.cpp) -------------------------------------------------------------------------
   std::int64_t local_ns() const;  // the time leases run on: the test clock's, or the steady clock's
-  void check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler);
+  void check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler,
+                    bool resumed = false);
   bool send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
                   const redis_prepared_rule* rule, check_handler handler);
   void finish_lease(const op_ptr& o, const redisReply& reply);

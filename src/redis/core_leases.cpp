@@ -32,7 +32,8 @@ std::int64_t redis_core::local_ns() const {
 
 // Any thread. What the key's lease says, done: answered here, sent, or left waiting for the call
 // in flight (which resumes it).
-void redis_core::check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler) {
+void redis_core::check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler,
+                              bool resumed) {
   lease_table& table = *p.leases;
   const bool dual = p.call.dual;
   const std::string_view key = dual ? req.tenant : req.key;
@@ -48,10 +49,10 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
     return [self = ctx.self->shared_from_this(), req = *ctx.req, p = ctx.p,
             handler = std::move(*ctx.handler)](bool failed) mutable {
       if (failed) return handler(self->failure_decision(req, *p));
-      self->check_leased(req, *p, std::move(handler));
+      self->check_leased(req, *p, std::move(handler), true);
     };
   };
-  lease_plan plan = table.check(key, req.cost, now, make_waiter);
+  lease_plan plan = table.check(key, req.cost, now, make_waiter, resumed);
   switch (plan.what) {
     case lease_plan::step::wait: return;
     case lease_plan::step::exact:
@@ -194,12 +195,11 @@ void redis_core::fail_lease(const op_ptr& o) {
     case lease_call::kind::take:
     case lease_call::kind::refill: {
       std::vector<lease_waiter> waiting = l.table->failed(l.key);
-      if (l.what == lease_call::kind::take) {
-        complete(o, failure_decision(o->req, *o->rule));
-      } else {
-        complete(o, decision{});
-      }
-      for (lease_waiter& w : waiting) w(true);  // as their own calls would have
+      const bool take = l.what == lease_call::kind::take;
+      complete(o, take ? failure_decision(o->req, *o->rule) : decision{});
+      // A failed take fails its waiters as their own calls would have; a failed refill was no
+      // check's, so they ask by themselves.
+      for (lease_waiter& w : waiting) w(take);
       break;
     }
   }

@@ -51,13 +51,18 @@ lease_table::shard& lease_table::shard_of(std::string_view key) {
   return shards_[std::hash<std::string_view>{}(key) % shard_count];
 }
 
-std::int64_t lease_table::available(segment& s, std::int64_t now) const {
-  if (now >= s.valid_until) return 0;
-  if (interval_ns_ > 0 && now >= s.first_end) {
-    // Slots that ended by now can no longer be used: their units are passed, not used.
-    s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
-  }
+// A token bucket's units whose slots ended by now are passed, not used: they no longer count.
+std::int64_t lease_table::unused(segment& s, std::int64_t now) const {
+  if (interval_ns_ > 0 && now >= s.first_end) s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
   return std::max<std::int64_t>(0, s.units - s.next);
+}
+
+std::int64_t lease_table::available(segment& s, std::int64_t now) const {
+  return now >= s.valid_until ? 0 : unused(s, now);
+}
+
+std::int64_t lease_table::to_give_back(segment& s, std::int64_t now) const {
+  return now >= s.counts_until ? 0 : unused(s, now);
 }
 
 std::int64_t lease_table::available(entry& e, std::int64_t now) const {
@@ -71,16 +76,14 @@ void lease_table::leftovers(const std::string& key, entry& e, std::int64_t now, 
   // A key no longer checked here for a period gives its leases back: another instance may need
   // them. While it is busy they stay, to be used (or to end with their window or slots).
   const bool idle = all || now - e.last_seen >= period_ns_;
-  if (!idle) {
-    std::erase_if(e.segments, [&](segment& s) { return available(s, now) == 0; });
-    return;
-  }
   // The newest first: a token bucket's older lease is the last slots again once the newer one's
   // are back.
   for (auto s = e.segments.rbegin(); s != e.segments.rend(); ++s) {
-    if (const std::int64_t left = available(*s, now); left > 0) out.push_back({key, s->token, left});
+    if (!idle && available(*s, now) > 0) continue;  // still in use
+    if (const std::int64_t left = to_give_back(*s, now); left > 0) out.push_back({key, s->token, left});
+    s->units = 0;  // erased below
   }
-  e.segments.clear();
+  std::erase_if(e.segments, [](const segment& s) { return s.units == 0; });
 }
 
 decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t now) const {
@@ -103,15 +106,16 @@ decision lease_table::leased_decision(const entry& e, bool allowed, std::int64_t
 // lost to every instance.
 std::int64_t lease_table::wanted(const entry& e, std::int64_t cost, std::int64_t now) const {
   std::int64_t demand = e.last_demand > 0 ? add_sat(std::max(e.demand, e.last_demand), e.last_demand) : e.demand;
-  if (interval_ns_ == 0 && now < e.window_end && e.last_demand > 0) {
+  if (now < e.window_end && e.last_demand > 0) {
     const double until_end = static_cast<double>(e.window_end - now) / static_cast<double>(period_ns_);
-    demand = std::min(demand, static_cast<std::int64_t>(std::ceil(until_end * static_cast<double>(e.last_demand))));
+    const double expected = std::ceil(until_end * static_cast<double>(e.last_demand));
+    if (expected < static_cast<double>(demand)) demand = static_cast<std::int64_t>(expected);
   }
   return std::max(cost, std::min(max_units_, demand));
 }
 
 lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int64_t now,
-                              const std::function<lease_waiter()>& make_waiter) {
+                              const std::function<lease_waiter()>& make_waiter, bool resumed) {
   shard& sh = shard_of(key);
   std::lock_guard lock(sh.mutex);
   auto it = sh.entries.find(key);
@@ -127,7 +131,7 @@ lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int6
     e.demand = 0;
     e.period_start = now;
   }
-  e.demand = add_sat(e.demand, cost);
+  if (!resumed) e.demand = add_sat(e.demand, cost);
 
   lease_plan plan;
   std::int64_t have = available(e, now);
@@ -157,7 +161,8 @@ lease_plan lease_table::check(std::string_view key, std::int64_t cost, std::int6
     return plan;
   }
   if (e.taking) {
-    if (e.waiting.size() >= max_waiting) return {};
+    // A check that waited once asks by itself rather than wait for one call after another.
+    if (resumed || e.waiting.size() >= max_waiting) return {};
     e.waiting.push_back(make_waiter());
     plan.what = lease_plan::step::wait;
     return plan;
@@ -203,23 +208,30 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     counters_->leases.fetch_add(1, std::memory_order_relaxed);
     counters_->units_leased.fetch_add(static_cast<std::uint64_t>(units), std::memory_order_relaxed);
   }
+  std::erase_if(e.segments, [&](segment& s) { return available(s, now) == 0 && to_give_back(s, now) == 0; });
   if (units > g.used) {
     segment s;
     s.id = next_segment_.fetch_add(1, std::memory_order_relaxed);
     s.units = units;
     s.next = g.used;
     s.token = r.token;
+    // From the call's time rounded down to a µs (the scripts' `now` is in whole µs), earlier than
+    // Redis ran it: the window's or the last slot's end is no later than Redis's.
+    const std::int64_t origin = g.sent_ns - g.sent_ns % 1000;
     const std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
     if (interval_ns_ > 0) {
-      s.valid_until = add_sat(g.sent_ns, valid);
-      s.first_end = s.valid_until - (units - 1) * std::min(interval_ns_, forever / units);
+      s.counts_until = add_sat(origin, valid);
+      s.first_end = s.counts_until - (units - 1) * std::min(interval_ns_, forever / units);
     } else if (leased_layer(rule_).algorithm == algorithm::token_bucket) {
-      s.valid_until = forever;  // an infinite rate: any unit, any time
+      s.counts_until = forever;  // an infinite rate: any unit, any time
       s.first_end = forever;
     } else {
-      s.valid_until = add_sat(g.sent_ns, valid);
+      s.counts_until = add_sat(origin, valid);
+      e.window_end = s.counts_until;
     }
-    if (interval_ns_ == 0) e.window_end = s.valid_until;
+    // Used for a few periods at most, however long its window: the local clock spends what Redis's
+    // measured, and the two may drift apart (or Redis's be set) over a long one.
+    s.valid_until = std::min(s.counts_until, add_sat(origin, lease_life * period_ns_));
     if (s.valid_until > now) e.segments.push_back(std::move(s));
   }
   return std::move(e.waiting);
@@ -257,8 +269,9 @@ std::vector<give_back> lease_table::expire(std::int64_t now) {
     for (auto it = sh.entries.begin(); it != sh.entries.end();) {
       entry& e = it->second;
       leftovers(it->first, e, now, false, out);
-      const bool idle = e.segments.empty() && !e.taking && e.waiting.empty() && now >= e.refused_until &&
-                        now - e.last_seen >= 2 * period_ns_;
+      // A refusal for ever (a bucket of burst 0) is not kept: the key asks again once, if it returns.
+      const bool idle = e.segments.empty() && !e.taking && e.waiting.empty() &&
+                        (now >= e.refused_until || e.refused_until == forever) && now - e.last_seen >= 2 * period_ns_;
       it = idle ? sh.entries.erase(it) : std::next(it);
     }
   }

@@ -64,7 +64,7 @@ struct lease_reservation {
     std::int64_t units = 0;
     std::int64_t next_after = 0;  // the segment's next unit after them
   };
-  std::array<part, 2> parts{};
+  std::array<part, 4> parts{};
   int count = 0;
 };
 
@@ -106,9 +106,10 @@ class lease_table {
   std::int64_t hold_ns() const noexcept { return hold_ns_; }
 
   /// What to do with a check of `cost` on `key` at `now`. For step::wait it calls `make_waiter`
-  /// (under the key's lock: it must not call back) and keeps what it returns.
+  /// (under the key's lock: it must not call back) and keeps what it returns. A `resumed` check
+  /// (one that waited) is not counted again and never waits twice (step::exact instead).
   lease_plan check(std::string_view key, std::int64_t cost, std::int64_t now,
-                   const std::function<lease_waiter()>& make_waiter);
+                   const std::function<lease_waiter()>& make_waiter, bool resumed = false);
 
   /// A lease call for `key` answered (granted or refused): the key's lease and refusal are
   /// updated. Returns the checks that waited for it, to resume.
@@ -130,9 +131,10 @@ class lease_table {
   struct segment {
     std::uint64_t id = 0;
     std::int64_t units = 0;
-    std::int64_t next = 0;         // units used or passed
-    std::int64_t valid_until = 0;  // no unit is used at or after it: its window's end, its last slot's
-    std::int64_t first_end = 0;    // token bucket: unit j's slot ends first_end + j × interval
+    std::int64_t next = 0;          // units used or passed
+    std::int64_t counts_until = 0;  // its window's end, its last slot's: a give-back counts before it
+    std::int64_t valid_until = 0;   // no unit is used at or after it: counts_until, or its life's end
+    std::int64_t first_end = 0;     // token bucket: unit j's slot ends first_end + j × interval
     std::string token;
   };
   struct entry {
@@ -160,10 +162,13 @@ class lease_table {
   };
   static constexpr std::size_t shard_count = 16;
   static constexpr std::size_t max_waiting = 64;
+  static constexpr std::int64_t lease_life = 4;  // periods a lease's units are used at most
 
   shard& shard_of(std::string_view key);
-  std::int64_t available(segment& s, std::int64_t now) const;  // skips a token bucket's passed slots
+  std::int64_t unused(segment& s, std::int64_t now) const;     // skips a token bucket's passed slots
+  std::int64_t available(segment& s, std::int64_t now) const;  // unused, and still usable
   std::int64_t available(entry& e, std::int64_t now) const;
+  std::int64_t to_give_back(segment& s, std::int64_t now) const;  // units that would still count
   decision leased_decision(const entry& e, bool allowed, std::int64_t now) const;
   std::int64_t wanted(const entry& e, std::int64_t cost, std::int64_t now) const;
   void leftovers(const std::string& key, entry& e, std::int64_t now, bool all, std::vector<give_back>& out) const;

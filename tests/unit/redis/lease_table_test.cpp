@@ -163,6 +163,37 @@ TEST(LeaseTableTest, ChecksWaitForTheLeaseInFlightAndResumeWhenItIsAnswered) {
   EXPECT_EQ(failed, 3);  // two were admitted from the units left
 }
 
+TEST(LeaseTableTest, AResumedCheckAsksByItselfRatherThanWaitAgain) {
+  lease_table t = make_table(leased(fixed_window_policy(100, 60s)));
+  ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
+  EXPECT_EQ(t.check("k", 1, 0, no_waiter).what, step::wait);
+  EXPECT_EQ(t.check("k", 1, 0, no_waiter, true).what, step::exact);  // it waited once already
+  t.failed("k");
+}
+
+TEST(LeaseTableTest, ALongWindowsLeaseIsUsedForFourPeriodsThenGivenBack) {
+  lease_table t = make_table(leased(fixed_window_policy(100, 1h), 200ms));
+  ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
+  t.answered("k", grant(0, 1, 50, 40, 3'600'000'000), 0);
+  // Checked often, the key keeps its lease, but not past four periods: the clocks may drift.
+  for (std::int64_t now = 100 * ms; now < 800 * ms; now += 100 * ms) EXPECT_EQ(check_step(t, "k", now), step::admit);
+  EXPECT_EQ(t.check("k", 1, 800 * ms, no_waiter).what, step::take);
+  t.failed("k");
+  std::vector<give_back> back = t.expire(801 * ms);  // busy, but the lease ended: its units go back
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].units, 50 - 1 - 7);
+}
+
+TEST(LeaseTableTest, ARefusalForEverDoesNotKeepAnIdleKey) {
+  lease_table t = make_table(leased(token_bucket_policy(per_second(1), 0)));
+  ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
+  t.answered("k", grant(0, 1, 0, 0, 0, "", never), 0);
+  EXPECT_EQ(t.check("k", 1, ms, no_waiter).what, step::refuse);
+  (void)t.expire(1000 * ms);  // idle for two periods: dropped, refusal and all
+  EXPECT_EQ(t.check("k", 1, 1001 * ms, no_waiter).what, step::take);
+  t.failed("k");
+}
+
 TEST(LeaseTableTest, UndoPutsBackUnitsOnlyWhileTheyAreStillTheNextOnes) {
   lease_table windows = make_table(leased(fixed_window_policy(100, 60s)));
   (void)windows.check("k", 1, 0, no_waiter);
