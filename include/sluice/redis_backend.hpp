@@ -40,14 +40,14 @@
 // refills when fewer than half its lease is left. Leased units are used only while they still count
 // where they were taken: a window's before that window ends, a token bucket's before each unit's
 // slot on the bucket's timeline ends (a lease holds slots up to one period ahead, at most max_share
-// of the burst, so that units used evenly over the period never outrun their slots), and for at
-// most four periods whatever the window (Redis measures how long they count on its clock and this
-// instance spends it on its own: the guarantee assumes the two agree over a few periods). What a
-// key's leases hold once it goes unchecked here for a period, or once a lease's four periods end,
-// is given back while that is still exact: a window takes it off the same window's count, a token
-// bucket moves its TAT back when nobody took a slot since (x/time/rate's Cancel). A refused key is
-// refused here, with no call, for its retry_after (for that cost or more). The sliding window log
-// cannot be leased (validate(rule) says so): it would log each unit when leased, not when used.
+// of the burst, so that units used evenly over the period never outrun their slots). Redis measures
+// how long on its clock and this instance spends it on its own, 0.1% shorter: the guarantee assumes
+// the two clocks run within that of each other (NTP keeps them within 0.05%), and does not cover a
+// step of Redis's clock. What a key's leases hold once it goes unchecked here for a period is given
+// back while that is still exact: a window takes it off the same window's count, a token bucket
+// moves its TAT back when nobody took a slot since (x/time/rate's Cancel). A refused key is refused
+// here, with no call, for its retry_after (for that cost or more). The sliding window log cannot be
+// leased (validate(rule) says so): it would log each unit when leased, not when used.
 //
 // The guarantee: every unit admitted on any instance was granted by the shared state and is used
 // while the algorithm still counts it where it was granted, so what all instances admit is at most

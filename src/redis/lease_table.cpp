@@ -51,18 +51,13 @@ lease_table::shard& lease_table::shard_of(std::string_view key) {
   return shards_[std::hash<std::string_view>{}(key) % shard_count];
 }
 
-// A token bucket's units whose slots ended by now are passed, not used: they no longer count.
-std::int64_t lease_table::unused(segment& s, std::int64_t now) const {
-  if (interval_ns_ > 0 && now >= s.first_end) s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
-  return std::max<std::int64_t>(0, s.units - s.next);
-}
-
 std::int64_t lease_table::available(segment& s, std::int64_t now) const {
-  return now >= s.valid_until ? 0 : unused(s, now);
-}
-
-std::int64_t lease_table::to_give_back(segment& s, std::int64_t now) const {
-  return now >= s.counts_until ? 0 : unused(s, now);
+  if (now >= s.valid_until) return 0;
+  if (interval_ns_ > 0 && now >= s.first_end) {
+    // Slots that ended by now can no longer be used: their units are passed, not used.
+    s.next = std::max(s.next, (now - s.first_end) / interval_ns_ + 1);
+  }
+  return std::max<std::int64_t>(0, s.units - s.next);
 }
 
 std::int64_t lease_table::available(entry& e, std::int64_t now) const {
@@ -79,9 +74,10 @@ void lease_table::leftovers(const std::string& key, entry& e, std::int64_t now, 
   // The newest first: a token bucket's older lease is the last slots again once the newer one's
   // are back.
   for (auto s = e.segments.rbegin(); s != e.segments.rend(); ++s) {
-    if (!idle && available(*s, now) > 0) continue;  // still in use
-    if (const std::int64_t left = to_give_back(*s, now); left > 0) out.push_back({key, s->token, left});
-    s->units = 0;  // erased below
+    const std::int64_t left = available(*s, now);
+    if (!idle && left > 0) continue;  // still in use
+    if (left > 0) out.push_back({key, s->token, left});
+    s->units = 0;  // erased below: used up, ended, or given back
   }
   std::erase_if(e.segments, [](const segment& s) { return s.units == 0; });
 }
@@ -208,7 +204,7 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     counters_->leases.fetch_add(1, std::memory_order_relaxed);
     counters_->units_leased.fetch_add(static_cast<std::uint64_t>(units), std::memory_order_relaxed);
   }
-  std::erase_if(e.segments, [&](segment& s) { return available(s, now) == 0 && to_give_back(s, now) == 0; });
+  std::erase_if(e.segments, [&](segment& s) { return available(s, now) == 0; });
   if (units > g.used) {
     segment s;
     s.id = next_segment_.fetch_add(1, std::memory_order_relaxed);
@@ -216,22 +212,22 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     s.next = g.used;
     s.token = r.token;
     // From the call's time rounded down to a µs (the scripts' `now` is in whole µs), earlier than
-    // Redis ran it: the window's or the last slot's end is no later than Redis's.
+    // Redis ran it, and 0.1% shorter: Redis measured how long the units count on its clock, this
+    // instance spends it on its own, and clocks disciplined by NTP run within 0.05% of each other.
+    // The window's or the last slot's end is then no later here than on Redis.
     const std::int64_t origin = g.sent_ns - g.sent_ns % 1000;
-    const std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
+    std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
+    valid -= valid / 1000;
     if (interval_ns_ > 0) {
-      s.counts_until = add_sat(origin, valid);
-      s.first_end = s.counts_until - (units - 1) * std::min(interval_ns_, forever / units);
+      s.valid_until = add_sat(origin, valid);
+      s.first_end = s.valid_until - (units - 1) * std::min(interval_ns_, forever / units);
     } else if (leased_layer(rule_).algorithm == algorithm::token_bucket) {
-      s.counts_until = forever;  // an infinite rate: any unit, any time
+      s.valid_until = forever;  // an infinite rate: any unit, any time
       s.first_end = forever;
     } else {
-      s.counts_until = add_sat(origin, valid);
-      e.window_end = s.counts_until;
+      s.valid_until = add_sat(origin, valid);
+      e.window_end = s.valid_until;
     }
-    // Used for a few periods at most, however long its window: the local clock spends what Redis's
-    // measured, and the two may drift apart (or Redis's be set) over a long one.
-    s.valid_until = std::min(s.counts_until, add_sat(origin, lease_life * period_ns_));
     if (s.valid_until > now) e.segments.push_back(std::move(s));
   }
   return std::move(e.waiting);

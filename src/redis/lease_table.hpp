@@ -131,10 +131,9 @@ class lease_table {
   struct segment {
     std::uint64_t id = 0;
     std::int64_t units = 0;
-    std::int64_t next = 0;          // units used or passed
-    std::int64_t counts_until = 0;  // its window's end, its last slot's: a give-back counts before it
-    std::int64_t valid_until = 0;   // no unit is used at or after it: counts_until, or its life's end
-    std::int64_t first_end = 0;     // token bucket: unit j's slot ends first_end + j × interval
+    std::int64_t next = 0;         // units used or passed
+    std::int64_t valid_until = 0;  // no unit is used (or given back) at or after it: its window's end, its last slot's
+    std::int64_t first_end = 0;    // token bucket: unit j's slot ends first_end + j × interval
     std::string token;
   };
   struct entry {
@@ -162,13 +161,10 @@ class lease_table {
   };
   static constexpr std::size_t shard_count = 16;
   static constexpr std::size_t max_waiting = 64;
-  static constexpr std::int64_t lease_life = 4;  // periods a lease's units are used at most
 
   shard& shard_of(std::string_view key);
-  std::int64_t unused(segment& s, std::int64_t now) const;     // skips a token bucket's passed slots
-  std::int64_t available(segment& s, std::int64_t now) const;  // unused, and still usable
+  std::int64_t available(segment& s, std::int64_t now) const;  // skips a token bucket's passed slots
   std::int64_t available(entry& e, std::int64_t now) const;
-  std::int64_t to_give_back(segment& s, std::int64_t now) const;  // units that would still count
   decision leased_decision(const entry& e, bool allowed, std::int64_t now) const;
   std::int64_t wanted(const entry& e, std::int64_t cost, std::int64_t now) const;
   void leftovers(const std::string& key, entry& e, std::int64_t now, bool all, std::vector<give_back>& out) const;

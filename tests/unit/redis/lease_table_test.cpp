@@ -171,17 +171,14 @@ TEST(LeaseTableTest, AResumedCheckAsksByItselfRatherThanWaitAgain) {
   t.failed("k");
 }
 
-TEST(LeaseTableTest, ALongWindowsLeaseIsUsedForFourPeriodsThenGivenBack) {
-  lease_table t = make_table(leased(fixed_window_policy(100, 1h), 200ms));
+TEST(LeaseTableTest, ALeaseEndsAThousandthBeforeItsWindowAsRedisMeasuredIt) {
+  // Redis said the window ends 100 ms after the call: this instance's clock may run a little slow.
+  lease_table t = make_table(leased(fixed_window_policy(100, 1h), 10s));
   ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
-  t.answered("k", grant(0, 1, 50, 40, 3'600'000'000), 0);
-  // Checked often, the key keeps its lease, but not past four periods: the clocks may drift.
-  for (std::int64_t now = 100 * ms; now < 800 * ms; now += 100 * ms) EXPECT_EQ(check_step(t, "k", now), step::admit);
-  EXPECT_EQ(t.check("k", 1, 800 * ms, no_waiter).what, step::take);
+  t.answered("k", grant(0, 1, 50, 40, 100'000), 0);
+  EXPECT_EQ(check_step(t, "k", 99'899'999), step::admit);
+  EXPECT_EQ(t.check("k", 1, 99'900'000, no_waiter).what, step::take);
   t.failed("k");
-  std::vector<give_back> back = t.expire(801 * ms);  // busy, but the lease ended: its units go back
-  ASSERT_EQ(back.size(), 1u);
-  EXPECT_EQ(back[0].units, 50 - 1 - 7);
 }
 
 TEST(LeaseTableTest, ARefusalForEverDoesNotKeepAnIdleKey) {
