@@ -69,7 +69,6 @@ run_mode() {  # run_mode MODE
   done
   wait "${wrks[@]}"
   for i in 1 2; do curl -s "http://127.0.0.1:${ports[$((i - 1))]}/metrics" >"$work/$mode-$i.metrics"; done
-  if [ -n "${DEBUG_METRICS:-}" ]; then grep -h '^sluice_lease\|^sluice_redis_c' "$work/$mode"-*.metrics >&2 || true; fi
   for pid in "${started[@]}"; do kill "$pid"; wait "$pid" || true; done
 
   local rps=0 p99="" checks_hot=0 checks_cold=0 calls_hot=0 calls_cold=0 calls=0 checks=0

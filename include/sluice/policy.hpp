@@ -133,6 +133,8 @@ struct rule {
   std::optional<lease_policy> lease;
 
   bool is_dual_layer() const noexcept { return tenant.has_value(); }
+  /// The layer `lease` applies to: a dual-layer rule's tenant layer, else `limit`.
+  const policy& leased_layer() const noexcept { return tenant ? *tenant : limit; }
   friend bool operator==(const rule&, const rule&) = default;
 };
 

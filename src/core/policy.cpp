@@ -83,8 +83,7 @@ result<void> validate(const rule& r) {
     if (!(l.max_share > 0 && l.max_share <= 0.5)) {
       return {errc::invalid_argument, "rule '" + r.name + "': lease max_share must be > 0 and <= 0.5"};
     }
-    const policy& leased = r.tenant ? *r.tenant : r.limit;
-    if (leased.algorithm == algorithm::sliding_window_log) {
+    if (r.leased_layer().algorithm == algorithm::sliding_window_log) {
       // A log keeps each admission's own time: units taken ahead would be logged when leased,
       // not when used, and so leave the window too early.
       return {errc::invalid_argument, "rule '" + r.name +

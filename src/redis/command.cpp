@@ -72,6 +72,30 @@ void write_deadline(char* out, std::int64_t v) {
   for (std::size_t i = deadline_width; v > 0; v /= 10) out[--i] = static_cast<char>('0' + v % 10);
 }
 
+// A script call's start: *argc, EVALSHA, the script's sha, numkeys (`argc` counts every bulk
+// string, these four included). The keys come next.
+void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t numkeys) {
+  std::string& c = cmd.text;
+  c += '*';
+  c += std::to_string(argc);
+  c += "\r\n";
+  cmd.header = c.size();
+  bulk(c, "EVALSHA");
+  bulk(c, scripts()[script].sha1);
+  cmd.rest = c.size();
+  bulk(c, static_cast<std::int64_t>(numkeys));
+  cmd.keys_at = c.size();
+}
+
+// A script call's end: the deadline's fixed-width field, set to `deadline_us`.
+void end_call(command& cmd, std::int64_t deadline_us) {
+  cmd.text += "$17\r\n";
+  cmd.deadline_at = cmd.text.size();
+  cmd.text.append(deadline_width, '0');
+  cmd.text += "\r\n";
+  write_deadline(cmd.text.data() + cmd.deadline_at, deadline_us);
+}
+
 nanoseconds from_us(long long us) {
   if (us < 0) return never;
   if (us > std::numeric_limits<std::int64_t>::max() / 1000) return never;
@@ -118,9 +142,8 @@ result<prepared_script> prepare_script(const rule& r) {
   p.tag = state_tag(r.limit);
   append_params(p.params, r.limit);
   if (r.lease) {
-    const policy& leased = p.dual ? *r.tenant : r.limit;
-    bulk(p.leased_params, algorithm_index(leased));
-    append_params(p.leased_params, leased);
+    bulk(p.leased_params, algorithm_index(r.leased_layer()));
+    append_params(p.leased_params, r.leased_layer());
     if (p.dual) {
       append_params(p.user_params, r.limit);
       p.user_script = single_script(r.limit.algorithm);
@@ -134,20 +157,14 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   command cmd;
   std::string& c = cmd.text;
   c.reserve(256);
-  c += p.dual ? "*14\r\n" : "*10\r\n";
-  cmd.header = c.size();
-  bulk(c, "EVALSHA");
-  bulk(c, scripts()[p.script].sha1);
-  cmd.rest = c.size();
-  cmd.keys_at = c.size() + 7;  // after numkeys, "$1\r\nN\r\n"
+  // EVALSHA, sha, numkeys, the keys, now, cost, three parameters per layer, deadline.
+  begin_call(cmd, p.script, p.dual ? 14 : 10, p.dual ? 2 : 1);
   if (p.dual) {
-    bulk(c, "2");
     const std::string tenant = tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag);
     cmd.slot = key_slot(tenant);  // the user key's too: both carry the tenant's hash tag
     bulk(c, tenant);
     bulk(c, user_key(key_prefix, r.name, req.tenant, req.user, p.tag));
   } else {
-    bulk(c, "1");
     const std::string key = single_key(key_prefix, r.name, req.key, p.tag);
     cmd.slot = key_slot(key);
     bulk(c, key);
@@ -158,11 +175,7 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
   bulk(c, req.cost);
   c += p.params;
   cmd.args_end = c.size();
-  c += "$17\r\n";
-  cmd.deadline_at = c.size();
-  c.append(deadline_width, '0');
-  c += "\r\n";
-  set_deadline(cmd, deadline_us);
+  end_call(cmd, deadline_us);
   return cmd;
 }
 
@@ -173,15 +186,7 @@ command script_call(std::size_t script, std::initializer_list<std::string_view> 
                     std::string_view args, std::size_t argc) {
   command cmd;
   std::string& c = cmd.text;
-  c += '*';
-  c += std::to_string(3 + keys.size() + 1 + argc + 1);
-  c += "\r\n";
-  cmd.header = c.size();
-  bulk(c, "EVALSHA");
-  bulk(c, scripts()[script].sha1);
-  cmd.rest = c.size();
-  bulk(c, static_cast<std::int64_t>(keys.size()));
-  cmd.keys_at = c.size();
+  begin_call(cmd, script, 3 + keys.size() + 1 + argc + 1, keys.size());
   for (std::string_view k : keys) bulk(c, k);
   cmd.keys_end = c.size();
   cmd.slot = key_slot(*keys.begin());  // they share it: the tenant's hash tag
@@ -189,11 +194,7 @@ command script_call(std::size_t script, std::initializer_list<std::string_view> 
   cmd.args_at = c.size();
   c += args;
   cmd.args_end = c.size();
-  c += "$17\r\n";
-  cmd.deadline_at = c.size();
-  c.append(deadline_width, '0');
-  c += "\r\n";
-  set_deadline(cmd, -1);
+  end_call(cmd, -1);
   return cmd;
 }
 
@@ -231,7 +232,7 @@ command user_layer_command(const prepared_script& p, const rule& r, const check_
 command give_back_command(const prepared_script& p, const rule& r, const check_request& req,
                           std::string_view key_prefix, std::int64_t now_us, std::string_view token,
                           std::int64_t units) {
-  const policy& leased = p.dual ? *r.tenant : r.limit;
+  const policy& leased = r.leased_layer();
   std::string args;
   bulk(args, algorithm_index(leased));
   bulk(args, token);
@@ -369,15 +370,7 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
 command all_command(const std::vector<command>& checks, const std::vector<std::size_t>& scripts_of, bool record) {
   command cmd;
   std::string& c = cmd.text;
-  c += '*';
-  c += std::to_string(3 + checks.size() + 3 + 5 * checks.size());
-  c += "\r\n";
-  cmd.header = c.size();
-  bulk(c, "EVALSHA");
-  bulk(c, scripts()[all_script].sha1);
-  cmd.rest = c.size();
-  bulk(c, static_cast<std::int64_t>(checks.size()));
-  cmd.keys_at = c.size();
+  begin_call(cmd, all_script, 3 + checks.size() + 3 + 5 * checks.size(), checks.size());
   for (const command& k : checks) c.append(k.text, k.keys_at, k.keys_end - k.keys_at);
   cmd.keys_end = c.size();
   c += checks.front().now_argument();
@@ -388,12 +381,8 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
     c.append(checks[i].text, checks[i].args_at, checks[i].args_end - checks[i].args_at);
   }
   cmd.args_end = c.size();
-  c += "$17\r\n";
-  cmd.deadline_at = c.size();
-  c.append(deadline_width, '0');
-  c += "\r\n";
+  end_call(cmd, -1);
   cmd.slot = checks.front().slot;
-  set_deadline(cmd, -1);
   return cmd;
 }
 

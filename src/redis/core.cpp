@@ -166,7 +166,7 @@ void redis_core::send_check(const check_request& req, const redis_prepared_rule*
 }
 
 std::size_t op::script() const {
-  if (lease) return lease->script;
+  if (lease) return lease->script();
   return all ? all_script : rule->call.script;
 }
 

@@ -80,9 +80,12 @@ struct lease_call {
   std::int64_t cost = 0;               // the check's (0: a refill)
   std::int64_t want = 0;               // take, refill: the most units asked for
   std::int64_t sent_ns = 0;            // local time, taken before it is sent
-  std::size_t script = 0;
-  decision tenant;             // user_layer: the tenant layer, from the lease
-  lease_reservation reserved;  // user_layer: put back when the user layer refuses or fails
+  decision tenant;                     // user_layer: the tenant layer, from the lease
+  lease_reservation reserved;          // user_layer: put back when the user layer refuses or fails
+
+  lease_call(kind k, std::shared_ptr<lease_table> t, std::string_view leased_key, std::int64_t now)
+      : what(k), table(std::move(t)), key(leased_key), sent_ns(now) {}
+  std::size_t script() const;  // the index of the script it calls
 };
 
 struct node;
@@ -185,7 +188,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void forget_rule(std::string_view name);
   /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
   /// lease call is in flight. Not on the io threads (there it only starts it).
-  void sweep_leases();
+  void give_back_leases();
   /// Appends the per-rule lease counters (sluice_lease_*).
   void append_lease_metrics(std::string& out) const;
   /// Gives back every lease of a dropped rule's table. Thread-safe.

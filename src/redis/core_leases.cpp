@@ -25,6 +25,16 @@ check_request leased_key_request(const lease_table& t, const std::string& key) {
 
 }  // namespace
 
+std::size_t lease_call::script() const {
+  switch (what) {
+    case kind::take: return table->script().dual ? lease_dual_script : lease_script;
+    case kind::refill: return lease_script;  // the leased layer alone
+    case kind::user_layer: return table->script().user_script;
+    case kind::give_back: return give_back_script;
+  }
+  return lease_script;
+}
+
 std::int64_t redis_core::local_ns() const {
   if (options_.clock_for_test) return to_ns(options_.clock_for_test->now());
   return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count();
@@ -68,14 +78,9 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
       return handler(d);
     }
     case lease_plan::step::take: {
-      auto call = std::make_shared<lease_call>();
-      call->what = lease_call::kind::take;
-      call->table = p.leases;
-      call->key = std::string(key);
+      auto call = std::make_shared<lease_call>(lease_call::kind::take, p.leases, key, now);
       call->cost = req.cost;
       call->want = plan.want;
-      call->sent_ns = now;
-      call->script = dual ? lease_dual_script : lease_script;
       command c = lease_command(p.call, p.definition(), req, options_.key_prefix, now_us(), req.cost, plan.want,
                                 table.hold_ns());
       send_lease(std::move(call), std::move(c), req, &p, std::move(handler));
@@ -84,26 +89,16 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
     case lease_plan::step::admit: break;
   }
   if (plan.refill > 0) {
-    auto call = std::make_shared<lease_call>();
-    call->what = lease_call::kind::refill;
-    call->table = p.leases;
-    call->key = std::string(key);
+    auto call = std::make_shared<lease_call>(lease_call::kind::refill, p.leases, key, now);
     call->want = plan.refill;
-    call->sent_ns = now;
-    call->script = lease_script;
     command c = lease_command(p.call, p.definition(), leased_key_request(table, call->key), options_.key_prefix,
                               now_us(), 0, plan.refill, table.hold_ns());
     send_lease(std::move(call), std::move(c), {}, nullptr, ignore);
   }
   if (!dual) return handler(plan.leased);
   // The tenant's units came from the lease; the user layer is exact, and its refusal puts them back.
-  auto call = std::make_shared<lease_call>();
-  call->what = lease_call::kind::user_layer;
-  call->table = p.leases;
-  call->key = std::string(key);
+  auto call = std::make_shared<lease_call>(lease_call::kind::user_layer, p.leases, key, now);
   call->cost = req.cost;
-  call->sent_ns = now;
-  call->script = p.call.user_script;
   call->tenant = plan.leased;
   call->reserved = plan.reservation;
   command c = user_layer_command(p.call, p.definition(), req, options_.key_prefix, now_us());
@@ -229,11 +224,7 @@ std::vector<std::shared_ptr<lease_table>> redis_core::live_lease_tables() {
 
 // On the strand.
 void redis_core::send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g) {
-  auto call = std::make_shared<lease_call>();
-  call->what = lease_call::kind::give_back;
-  call->table = table;
-  call->key = g.key;
-  call->script = give_back_script;
+  auto call = std::make_shared<lease_call>(lease_call::kind::give_back, table, g.key, local_ns());
   command c = give_back_command(table->script(), table->definition(), leased_key_request(*table, call->key),
                                 options_.key_prefix, now_us(), g.token, g.units);
   send_lease(std::move(call), std::move(c), {}, nullptr, ignore);
@@ -257,7 +248,7 @@ void redis_core::after_lease_calls(std::function<void()> f) {
   when_leases_idle_.push_back(std::move(f));
 }
 
-void redis_core::sweep_leases() {
+void redis_core::give_back_leases() {
   if (on_io_thread()) {
     asio::post(strand_, [self = shared_from_this()] { self->sweep_now(nullptr); });
     return;

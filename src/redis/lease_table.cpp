@@ -18,8 +18,6 @@ std::int64_t add_sat(std::int64_t a, std::int64_t b) {
 
 std::int64_t ns_of(nanoseconds d) { return d == never ? forever : d.count(); }
 
-const policy& leased_layer(const rule& r) { return r.tenant ? *r.tenant : r.limit; }
-
 std::int64_t interval_of(const policy& p) {
   if (p.algorithm != algorithm::token_bucket) return 0;
   return make_gcra_params(p.rate, p.burst).interval_ns;
@@ -31,9 +29,9 @@ lease_table::lease_table(const rule& r, prepared_script script, std::size_t max_
                          std::shared_ptr<lease_counters> counters)
     : rule_(r),
       script_(std::move(script)),
-      capacity_(leased_layer(r).capacity()),
+      capacity_(r.leased_layer().capacity()),
       period_ns_(r.lease->period.count()),
-      interval_ns_(interval_of(leased_layer(r))),
+      interval_ns_(interval_of(r.leased_layer())),
       max_units_(std::max<std::int64_t>(
           1, static_cast<std::int64_t>(std::floor(r.lease->max_share * static_cast<double>(capacity_))))),
       // A token bucket's lease holds the slots up to one period ahead, and never more than
@@ -221,7 +219,7 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     if (interval_ns_ > 0) {
       s.valid_until = add_sat(origin, valid);
       s.first_end = s.valid_until - (units - 1) * std::min(interval_ns_, forever / units);
-    } else if (leased_layer(rule_).algorithm == algorithm::token_bucket) {
+    } else if (rule_.leased_layer().algorithm == algorithm::token_bucket) {
       s.valid_until = forever;  // an infinite rate: any unit, any time
       s.first_end = forever;
     } else {

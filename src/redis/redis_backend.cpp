@@ -77,7 +77,7 @@ class redis_backend_impl final : public redis_backend {
   }
 
   bool ready() override { return core_->ready(); }
-  void give_back_leases() override { core_->sweep_leases(); }
+  void give_back_leases() override { core_->give_back_leases(); }
   void forget_rule(std::string_view rule_name) override { core_->forget_rule(rule_name); }
   redis_backend_stats stats() const override { return core_->stats(); }
 
