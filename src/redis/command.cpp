@@ -295,7 +295,8 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r) {
   return *d;
 }
 
-result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, const redisReply& r) {
+result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, std::int64_t cost, std::int64_t want,
+                                      const redisReply& r) {
   const bool both = p.dual && !leased_alone;
   const std::size_t values = both ? 8 : 4;  // then units, token, valid µs, now
   const auto bad = [] { return error(errc::backend_protocol, "unexpected reply from the lease script"); };
@@ -323,7 +324,8 @@ result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alon
   out.leased = layer_decision(v, leased_limit);
   out.units = v[values];
   out.valid_us = v[values + 2];
-  if (out.units < 0 || out.units > (1LL << 53) || (out.units > 0 && !d->allowed)) return bad();
+  // A lease is 0 units (refused), or from the cost to what was asked for.
+  if (out.units < 0 || out.units > want || (out.units > 0 && (!d->allowed || out.units < cost))) return bad();
   out.token.assign(r.element[values + 1]->str, r.element[values + 1]->len);
   return out;
 }

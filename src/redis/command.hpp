@@ -146,10 +146,12 @@ struct lease_reply {
   std::int64_t valid_us = 0;  ///< How long the units may be used, from the call's `now`.
 };
 
-/// The reply of lease_command(); `leased_alone` for a refill's (the leased layer's figures only).
-/// Errors (errc::backend_protocol): another shape or type, an `allowed` not 0 or 1, units negative
-/// or leased by a refusal, a token over 256 bytes.
-result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, const redisReply& r);
+/// The reply of lease_command() with `cost` and `want`; `leased_alone` for a refill's (the leased
+/// layer's figures only). Errors (errc::backend_protocol): another shape or type, an `allowed` not
+/// 0 or 1, units leased by a refusal, fewer than the cost or more than wanted, a token over 256
+/// bytes.
+result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alone, std::int64_t cost, std::int64_t want,
+                                      const redisReply& r);
 
 /// The out-of-memory probe: EVAL of a script that declares writes (`#!lua`) but makes none, which
 /// Redis refuses whole (an OOM error) while over maxmemory and answers 1 otherwise.

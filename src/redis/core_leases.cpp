@@ -153,12 +153,8 @@ void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
     }
     case lease_call::kind::take:
     case lease_call::kind::refill: {
-      auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, reply);
+      auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, l.cost, l.want, reply);
       if (!r) return fail(o, errc::backend_protocol, r.error().message);
-      if (r->units > l.want || (r->units > 0 && r->units < l.cost)) {
-        return fail(o, errc::backend_protocol,
-                    "the lease script leased more units than asked for, or fewer than the cost");
-      }
       if (l.what == lease_call::kind::take) redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       decision check = r->check;
       std::vector<lease_waiter> waiting =

@@ -266,19 +266,22 @@ TEST(LeaseReplyTest, HostileRepliesAreProtocolErrors) {
     return b.array({b.integer(allowed), b.integer(5), b.integer(0), b.integer(100), b.integer(units), token,
                     b.integer(1000), b.integer(7)});
   };
-  auto ok = parse_lease_reply(p, false, *reply(1, 3, b.string("12")));
+  auto ok = parse_lease_reply(p, false, 1, 5, *reply(1, 3, b.string("12")));
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->units, 3);
   EXPECT_EQ(ok->token, "12");
   EXPECT_EQ(ok->valid_us, 1000);
   EXPECT_EQ(ok->check.remaining, 5);
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(0, 3, b.string("12"))).ok());   // units from a refusal
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, -1, b.string("12"))).ok());  // negative units
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(2, 1, b.string("12"))).ok());   // allowed 2
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, 1, b.integer(12))).ok());    // token not a string
-  EXPECT_FALSE(parse_lease_reply(p, false, *reply(1, 1, b.string(std::string(300, 'x')))).ok());
-  EXPECT_FALSE(parse_lease_reply(p, false, *b.integers({1, 5, 0, 100, 1})).ok());  // short
-  EXPECT_FALSE(parse_lease_reply(p, false, *b.integer(1)).ok());
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *reply(0, 3, b.string("12"))).ok());   // units from a refusal
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *reply(1, -1, b.string("12"))).ok());  // negative units
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 2, *reply(1, 3, b.string("12"))).ok());   // more than wanted
+  EXPECT_FALSE(parse_lease_reply(p, false, 4, 5, *reply(1, 3, b.string("12"))).ok());   // fewer than the cost
+  EXPECT_TRUE(parse_lease_reply(p, false, 1, 5, *reply(0, 0, b.string(""))).ok());      // a refusal
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *reply(2, 1, b.string("12"))).ok());   // allowed 2
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *reply(1, 1, b.integer(12))).ok());    // token not a string
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *reply(1, 1, b.string(std::string(300, 'x')))).ok());
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *b.integers({1, 5, 0, 100, 1})).ok());  // short
+  EXPECT_FALSE(parse_lease_reply(p, false, 1, 5, *b.integer(1)).ok());
 }
 
 TEST(LeaseRuleTest, LeasesAreValidatedWithTheRule) {
