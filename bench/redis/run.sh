@@ -4,12 +4,15 @@
 #   bench/redis/run.sh [path/to/redis_benchmark]      (default: build/bench/redis_benchmark)
 #
 # 1. starts redis-server on a free 127.0.0.1 port (no persistence) in a temporary directory;
-# 2. the ceiling: redis-benchmark -c 50 -P 16 running EVALSHA of the seed note's sliding-window
-#    script over 100,000 keys, then of sluice's own sliding-window-log script, each with its server
-#    time per call (INFO commandstats);
+# 2. one check a call: redis-benchmark -c 50 -P 16 running EVALSHA over 100,000 keys of the seed
+#    note's sliding-window script, of a script doing only TIME, and of each of sluice's four
+#    scripts (the rules of step 3), each with its server time per call (INFO commandstats) and its
+#    ratio to the seed script's; the log's throughput is the ceiling step 3 is compared with;
 # 3. redis_benchmark: each of our scripts with 64 checks in flight over 100,000 keys: throughput,
 #    p50/p99 latency, server time per call, Redis memory per key;
-# then stops that redis-server (by its PID). Every loop is bounded.
+# 4. when valgrind is installed, step 2's calls again on a redis-server under callgrind: the
+#    instructions per call, a figure this shared machine's load does not move;
+# then stops those redis-servers (by their PIDs). Every loop is bounded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -52,25 +55,100 @@ end
 return {0, 0, resetAt}
 LUA
 )
-sha=$(cli SCRIPT LOAD "$seed")
+
+# What taking the time from Redis costs alone: TIME, and the reply every script ends with.
+time_only='#!lua
+local t = redis.call("TIME")
+return {1, 1, 0, 1, tonumber(t[1]) * 1000000 + tonumber(t[2])}'
+# The least a check that keeps state in one string can do: TIME, GET, SET with a TTL, constants for
+# the value and the reply.
+floor='#!lua
+local t = redis.call("TIME")
+local v = redis.call("GET", KEYS[1])
+redis.call("SET", KEYS[1], "0123456789abcdef", "PX", 60000)
+return {1, 1, 0, 1, tonumber(t[1]) * 1000000 + tonumber(t[2])}'
+
+# The scripts measured one check a call, each "name|arguments". The seed's now is a random int below
+# its window, so entries stay in the window, and its member is unique per call. sluice's scripts take
+# hex numbers (src/redis/scripts.hpp): now "-" (Redis's TIME), cost 1, the rule's three parameters,
+# no deadline; the rules of step 3: a bucket of 100 refilling 100 an hour (interval 36 s, in ns),
+# 100 per 60 s windows (in µs).
+calls="seed|__rand_int__ 60000 100 __rand_int__
+TIME alone|
+TIME+GET+SET|
+token_bucket|- 1 861c46800 3463e6c0000 64 ffffffffffffffff
+sliding_window_log|- 1 64 3938700 0 ffffffffffffffff
+sliding_window_counter|- 1 64 3938700 0 ffffffffffffffff
+fixed_window|- 1 64 3938700 0 ffffffffffffffff"
+
+body_of() {
+  case $1 in
+    seed) printf '%s' "$seed" ;;
+    "TIME alone") printf '%s' "$time_only" ;;
+    "TIME+GET+SET") printf '%s' "$floor" ;;
+    *) "$bench" --script-body "$1" ;;
+  esac
+}
+
+# each_call PORT FN: loads every script of $calls into the server on PORT, then for each runs
+# FN NAME SHA ARGS... after emptying the server and its command statistics.
+each_call() {
+  local p=$1 fn=$2 name args sha
+  while IFS='|' read -r name args; do
+    sha=$(redis-cli -p "$p" SCRIPT LOAD "$(body_of "$name")")
+    redis-cli -p "$p" FLUSHALL >/dev/null
+    redis-cli -p "$p" CONFIG RESETSTAT >/dev/null
+    # shellcheck disable=SC2086  # the arguments are words
+    "$fn" "$name" "$sha" $args
+  done <<<"$calls"
+}
 
 echo "== redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on 127.0.0.1:$port, $(nproc) cores"
-echo "== ceiling: redis-benchmark -c 50 -P 16, EVALSHA of the seed script, 100,000 keys"
-cli CONFIG RESETSTAT >/dev/null
-# now = a random int below the window, so entries stay in the window; member unique per request.
-redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q \
-  EVALSHA "$sha" 1 "seed:__rand_int__" "__rand_int__" 60000 100 "__rand_int__" | tr '\r' '\n' | grep -v '^$' | tail -1
-cli INFO commandstats | tr -d '\r' | grep '^cmdstat_evalsha' | sed 's/^/   /'
-cli FLUSHALL >/dev/null
-
-# The same ceiling for our own sliding-window-log script (server time, -1 = read Redis TIME; the last -1: no deadline).
-ours=$(cli SCRIPT LOAD "$("$bench" --script-body sliding_window_log)")
-echo "== ceiling: redis-benchmark -c 50 -P 16, EVALSHA of sluice's sliding_window_log script, 100,000 keys"
-cli CONFIG RESETSTAT >/dev/null
-redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q \
-  EVALSHA "$ours" 1 "ours:__rand_int__" -1 1 100 60000000 0 -1 | tr '\r' '\n' | grep -v '^$' | tail -1
-cli INFO commandstats | tr -d '\r' | grep '^cmdstat_evalsha' | sed 's/^/   /'
+echo "== one check a call: redis-benchmark -c 50 -P 16, EVALSHA, 100,000 keys, $checks calls each"
+# Prints a script's calls/s, its server µs per call and that as a ratio to the seed script's.
+seed_us=
+one_check() {
+  local name=$1 sha=$2 rps us; shift 2
+  rps=$(redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" |
+    tr '\r' '\n' | grep -v '^$' | tail -1 | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
+  us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
+  [ -n "$seed_us" ] || seed_us=$us
+  printf '   %-24s %10s calls/s  %6s µs per call  %5.2f × the seed script\n' "$name" "$rps" "$us" \
+    "$(echo "$us / $seed_us" | bc -l)"
+}
+each_call "$port" one_check
 cli FLUSHALL >/dev/null
 
 echo "== sluice redis backend: 64 checks in flight, 100,000 keys, $checks checks per script"
 "$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks"
+
+# 4. The same one-check calls under callgrind: the instructions Redis runs inside EVALSHA per call
+# (3,000 calls over 2,000 keys each), which this noisy machine does not move.
+command -v valgrind >/dev/null || { echo "== (valgrind not installed: no instruction counts)"; exit 0; }
+vport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+valgrind --tool=callgrind --toggle-collect=evalShaCommand --callgrind-out-file="$dir/cg.out" \
+  redis-server --port "$vport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
+  --logfile "$dir/valgrind-redis.log" >/dev/null 2>&1 &
+vpid=$!
+cleanup() {
+  kill "$pid" "$vpid" 2>/dev/null || true
+  wait "$pid" "$vpid" 2>/dev/null || true
+  rm -rf "$dir"
+}
+for _ in $(seq 1 300); do redis-cli -p "$vport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== one check a call under callgrind: instructions inside EVALSHA per call, 3,000 calls over 2,000 keys"
+seed_ir=
+dumps=0
+instructions() {
+  local name=$1 sha=$2 n ir; shift 2
+  callgrind_control -z "$vpid" >/dev/null 2>&1
+  redis-benchmark -p "$vport" -c 4 -P 16 -n 3000 -r 2000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  n=$(redis-cli -p "$vport" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+  callgrind_control -d "$vpid" >/dev/null 2>&1
+  dumps=$((dumps + 1))
+  ir=$(sed -n 's/^summary: //p' "$dir/cg.out.$dumps")
+  [ -n "$seed_ir" ] || seed_ir=$((ir / n))
+  printf '   %-24s %8d instructions per call  %5.2f × the seed script\n' "$name" $((ir / n)) \
+    "$(echo "$ir / $n / $seed_ir" | bc -l)"
+}
+each_call "$vport" instructions

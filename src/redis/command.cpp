@@ -28,10 +28,26 @@ void bulk(std::string& out, std::string_view s) {
   out += "\r\n";
 }
 
-void bulk(std::string& out, std::int64_t v) {
+void bulk(std::string& out, std::size_t v) {
   char buf[24];
   auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
   bulk(out, std::string_view(buf, static_cast<std::size_t>(end - buf)));
+}
+
+// A number for a script: hex digits (scripts.hpp). Every number sent is >= 0.
+void number(std::string& out, std::int64_t v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, static_cast<std::uint64_t>(std::max<std::int64_t>(0, v)), 16);
+  bulk(out, std::string_view(buf, static_cast<std::size_t>(end - buf)));
+}
+
+// `now` for a script: a test clock's µs, or "-" (-1) for the server's TIME.
+void now_number(std::string& out, std::int64_t now_us) {
+  if (now_us < 0) {
+    bulk(out, "-");
+  } else {
+    number(out, now_us);
+  }
 }
 
 // The three script parameters of a policy (see scripts.hpp). Precondition: validate(p) and
@@ -40,36 +56,30 @@ void append_params(std::string& out, const policy& p) {
   if (p.algorithm == algorithm::token_bucket) {
     // Integer ns, as in process: interval >= 1000 (or 0: infinite), tolerance <= 2^62.
     gcra_params g = make_gcra_params(p.rate, p.burst);
-    bulk(out, g.interval_ns);
-    bulk(out, g.tolerance_ns);
-    bulk(out, g.burst);
+    number(out, g.interval_ns);
+    number(out, g.tolerance_ns);
+    number(out, g.burst);
     return;
   }
   // Whole µs, rounded up without overflow (window > 0); longer windows than max_window_us act as it.
   const std::int64_t w = p.window.count();
   const std::int64_t window_us = std::min(max_window_us, w / 1000 + (w % 1000 != 0 ? 1 : 0));
-  bulk(out, p.limit);
-  bulk(out, window_us);
+  number(out, p.limit);
+  number(out, window_us);
   bulk(out, "0");
 }
 
 // The index an algorithm has in the lease and batch scripts (their `fs` tables).
 std::int64_t algorithm_index(const policy& p) { return static_cast<std::int64_t>(p.algorithm); }
 
-// The deadline's digits: fixed width, so set_deadline can rewrite them in place when the command is
-// sent. Lua's tonumber reads leading zeros ("-0000000000000001" is -1).
-constexpr std::size_t deadline_width = 17;
+// The deadline's hex digits: fixed width, so set_deadline can rewrite them in place when the
+// command is sent. -1 (none) is all f's, later than any time; any other value is a server time in µs.
+constexpr std::size_t deadline_width = 16;
 
 void write_deadline(char* out, std::int64_t v) {
-  // -1 (none) or a server time in 0..2^53 µs (16 digits); anything larger is clamped into the field.
-  v = std::clamp<std::int64_t>(v, -1, 99'999'999'999'999'999);
-  std::fill(out, out + deadline_width, '0');
-  if (v < 0) {
-    out[0] = '-';
-    out[deadline_width - 1] = '1';
-    return;
-  }
-  for (std::size_t i = deadline_width; v > 0; v /= 10) out[--i] = static_cast<char>('0' + v % 10);
+  static constexpr char digits[] = "0123456789abcdef";
+  std::fill(out, out + deadline_width, v < 0 ? 'f' : '0');
+  for (std::size_t i = deadline_width; v > 0; v /= 16) out[--i] = digits[v % 16];
 }
 
 // A script call's start: *argc, EVALSHA, the script's sha, numkeys (`argc` counts every bulk
@@ -83,13 +93,13 @@ void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t 
   bulk(c, "EVALSHA");
   bulk(c, scripts()[script].sha1);
   cmd.rest = c.size();
-  bulk(c, static_cast<std::int64_t>(numkeys));
+  bulk(c, numkeys);
   cmd.keys_at = c.size();
 }
 
 // A script call's end: the deadline's fixed-width field, set to `deadline_us`.
 void end_call(command& cmd, std::int64_t deadline_us) {
-  cmd.text += "$17\r\n";
+  cmd.text += "$16\r\n";
   cmd.deadline_at = cmd.text.size();
   cmd.text.append(deadline_width, '0');
   cmd.text += "\r\n";
@@ -142,7 +152,7 @@ result<prepared_script> prepare_script(const rule& r) {
   p.tag = state_tag(r.limit);
   append_params(p.params, r.limit);
   if (r.lease) {
-    bulk(p.leased_params, algorithm_index(r.leased_layer()));
+    number(p.leased_params, algorithm_index(r.leased_layer()));
     append_params(p.leased_params, r.leased_layer());
     if (p.dual) {
       append_params(p.user_params, r.limit);
@@ -170,9 +180,9 @@ command evalsha_command(const prepared_script& p, const rule& r, const check_req
     bulk(c, key);
   }
   cmd.keys_end = c.size();
-  bulk(c, now_us);
+  now_number(c, now_us);
   cmd.args_at = c.size();
-  bulk(c, req.cost);
+  number(c, req.cost);
   c += p.params;
   cmd.args_end = c.size();
   end_call(cmd, deadline_us);
@@ -190,7 +200,7 @@ command script_call(std::size_t script, std::initializer_list<std::string_view> 
   for (std::string_view k : keys) bulk(c, k);
   cmd.keys_end = c.size();
   cmd.slot = key_slot(*keys.begin());  // they share it: the tenant's hash tag
-  bulk(c, now_us);
+  now_number(c, now_us);
   cmd.args_at = c.size();
   c += args;
   cmd.args_end = c.size();
@@ -208,13 +218,13 @@ std::string leased_key(const prepared_script& p, const rule& r, const check_requ
 command lease_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
                       std::int64_t now_us, std::int64_t cost, std::int64_t want, std::int64_t hold_ns) {
   std::string args;
-  bulk(args, cost);
-  bulk(args, want);
+  number(args, cost);
+  number(args, want);
   args += p.leased_params;
-  bulk(args, hold_ns);
+  number(args, hold_ns);
   const std::string leased = leased_key(p, r, req, key_prefix);
   if (!p.dual || cost == 0) return script_call(lease_script, {leased}, now_us, args, 7);
-  bulk(args, static_cast<std::int64_t>(p.user_script));  // a single script's index is its algorithm's
+  number(args, static_cast<std::int64_t>(p.user_script));  // a single script's index is its algorithm's
   args += p.user_params;
   const std::string user = user_key(key_prefix, r.name, req.tenant, req.user, p.tag);
   return script_call(lease_dual_script, {leased, user}, now_us, args, 11);
@@ -223,7 +233,7 @@ command lease_command(const prepared_script& p, const rule& r, const check_reque
 command user_layer_command(const prepared_script& p, const rule& r, const check_request& req,
                            std::string_view key_prefix, std::int64_t now_us) {
   std::string args;
-  bulk(args, req.cost);
+  number(args, req.cost);
   args += p.user_params;
   const std::string user = user_key(key_prefix, r.name, req.tenant, req.user, p.tag);
   return script_call(p.user_script, {user}, now_us, args, 4);
@@ -234,10 +244,11 @@ command give_back_command(const prepared_script& p, const rule& r, const check_r
                           std::int64_t units) {
   const policy& leased = r.leased_layer();
   std::string args;
-  bulk(args, algorithm_index(leased));
+  number(args, algorithm_index(leased));
   bulk(args, token);
-  bulk(args, units);
-  bulk(args, leased.algorithm == algorithm::token_bucket ? make_gcra_params(leased.rate, leased.burst).interval_ns : 0);
+  number(args, units);
+  number(args,
+         leased.algorithm == algorithm::token_bucket ? make_gcra_params(leased.rate, leased.burst).interval_ns : 0);
   return script_call(give_back_script, {leased_key(p, r, req, key_prefix)}, now_us, args, 4);
 }
 
@@ -333,7 +344,7 @@ result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alon
 void batch_builder::add(const command& c, std::size_t kind, int key_count) {
   if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
-  bulk(args, static_cast<std::int64_t>(kind));
+  number(args, static_cast<std::int64_t>(kind));
   args.append(c.text, c.args_at, c.args_end - c.args_at);
   numkeys += static_cast<std::size_t>(key_count);
   argc += 1 + (key_count == 2 ? 7 : 4);  // kind, cost, three parameters per key
@@ -345,8 +356,8 @@ void set_record(command& c) { c.text[c.args_at + 4] = '1'; }  // the flag's bulk
 void batch_builder::add_group(const command& c, std::size_t count) {
   if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
-  bulk(args, static_cast<std::int64_t>(group_kind));
-  bulk(args, static_cast<std::int64_t>(count));
+  number(args, static_cast<std::int64_t>(group_kind));
+  number(args, static_cast<std::int64_t>(count));
   args.append(c.text, c.args_at, c.args_end - c.args_at);  // whether to record, then five per check
   numkeys += count;
   argc += 3 + 5 * count;
@@ -361,10 +372,12 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
   out += "\r\n";
   bulk(out, "EVALSHA");
   bulk(out, scripts()[batch_script].sha1);
-  bulk(out, static_cast<std::int64_t>(numkeys));
+  bulk(out, numkeys);
   out += keys;
   out += now;
-  bulk(out, deadline_us);
+  char deadline[deadline_width];
+  write_deadline(deadline, deadline_us);
+  bulk(out, std::string_view(deadline, deadline_width));
   out += args;
   return out;
 }
@@ -379,7 +392,7 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
   cmd.args_at = c.size();
   bulk(c, record ? "1" : "0");
   for (std::size_t i = 0; i < checks.size(); ++i) {
-    bulk(c, static_cast<std::int64_t>(scripts_of[i]));
+    number(c, static_cast<std::int64_t>(scripts_of[i]));
     c.append(checks[i].text, checks[i].args_at, checks[i].args_end - checks[i].args_at);
   }
   cmd.args_end = c.size();

@@ -22,14 +22,15 @@ std::string encode_id(std::string_view id) {
 }
 
 std::string state_tag(const policy& p) {
-  std::string_view name = "tb";
+  std::string_view name = "tb2";
   switch (p.algorithm) {
-    case algorithm::token_bucket: return "tb";
+    case algorithm::token_bucket: return "tb2";
     case algorithm::sliding_window_log: name = "swl"; break;
-    case algorithm::sliding_window_counter: name = "swc"; break;
-    case algorithm::fixed_window: name = "fw"; break;
+    case algorithm::sliding_window_counter: name = "swc2"; break;
+    case algorithm::fixed_window: name = "fw2"; break;
   }
-  return std::string(name) + "." + std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(p.window).count());
+  return std::string(name) + "." +
+         std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(p.window).count());
 }
 
 std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag) {

@@ -7,9 +7,11 @@
 //   single-layer:  PREFIX{RULE:KEY}:ALG
 //   dual tenant:   PREFIX{TENANT}:RULE:ALG
 //   dual user:     PREFIX{TENANT}:RULE:user:USER:ALG
-// (a single-layer tag holds one `:`, a dual-layer tag none). ALG names the state: tb for a token
-// bucket; swl.W, swc.W or fw.W for a window of W µs, so that a rule whose window changes starts
-// afresh while one whose limit alone changes keeps its keys' state.
+// (a single-layer tag holds one `:`, a dual-layer tag none). ALG names the state: tb2 for a token
+// bucket; swl.W, swc2.W or fw2.W for a window of W µs, so that a rule whose window changes starts
+// afresh while one whose limit alone changes keeps its keys' state. The 2 marks the binary values
+// of the scripts (scripts.cpp): keys in the text form of earlier versions are left to expire, not
+// misread, and during a rolling upgrade the two versions count apart.
 //
 // Thread-safe: pure functions.
 #pragma once
@@ -24,7 +26,7 @@ namespace sluice::detail {
 /// Percent-encodes `id` as described above.
 std::string encode_id(std::string_view id);
 
-/// ALG for a layer of policy `p`: "tb", or "swl.W", "swc.W", "fw.W".
+/// ALG for a layer of policy `p`: "tb2", or "swl.W", "swc2.W", "fw2.W".
 std::string state_tag(const policy& p);
 
 std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag);

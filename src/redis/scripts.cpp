@@ -7,23 +7,24 @@ namespace sluice::detail {
 namespace {
 
 // Shared by every script: `now` (µs, from TIME unless a test passes it) and the deadline.
-// The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
+// Numbers come as hex digits (redis_args.hpp): Lua reads them with strtoul, several times cheaper
+// than the strtod of decimal text, and a script reads six or more a call. The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
 // over maxmemory (OOM), so no script grows memory past the limit. Scripts replicate their effects,
 // so reading TIME before writing is allowed. A call that reaches Redis after its deadline (server
-// time, µs; -1 for none) answers {-1, now} and records nothing: its caller gave up on it already.
+// time, µs; all f's for none) answers {-1, now} and records nothing: its caller gave up on it
+// already. `now` is "-" (not a number) to read Redis's TIME.
 // Every reply ends with `now`, from which the caller keeps its estimate of the server's clock.
 // `deadline_arg` is where the call carries its deadline (the last ARGV, or the batch's ARGV[2]).
 std::string time_and_deadline(std::string_view deadline_arg) {
   std::string p = R"lua(#!lua
-local now = tonumber(ARGV[1])
-if now < 0 then
+local now = tonumber(ARGV[1], 16)
+if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-local deadline = tonumber()lua";
+if now > tonumber()lua";
   p += deadline_arg;
-  p += R"lua()
-if deadline >= 0 and now > deadline then
+  p += R"lua(, 16) then
   return {-1, now}
 end
 )lua";
@@ -31,7 +32,7 @@ end
 }
 
 // What single-layer and dual-layer scripts start with: the above, and the cost.
-std::string prelude() { return time_and_deadline("ARGV[#ARGV]") + "local cost = tonumber(ARGV[2])\n"; }
+std::string prelude() { return time_and_deadline("ARGV[#ARGV]") + "local cost = tonumber(ARGV[2], 16)\n"; }
 
 // Each algorithm is a body over (key, cost, its three parameters, commit) ending in
 //   return allowed (0/1), remaining, retry µs (-1: never), reset µs      (whole µs, rounded up)
@@ -48,16 +49,21 @@ struct algorithm_lua {
 };
 
 // GCRA, in integer ns as in process (gcra.hpp), so Redis and the in-process bucket agree exactly.
-// The key holds the theoretical arrival time as "µs.nnn" (µs since the epoch, then the ns within
-// that µs) and expires when the bucket is full again. Lua numbers are doubles: a TAT in ns since the
-// epoch (~2^61) would step in hundreds of ns, so all arithmetic is on the debt TAT − now, an
-// integer number of ns far below 2^53 (exact) for any debt under ~104 days.
+// The key holds the theoretical arrival time as five little-endian doubles (struct.pack '<ddddd':
+// no text to format or parse): µs since the epoch, the ns within that µs, the interval and the
+// tolerance it was written with, and until when (µs, in `now`'s time) its TTL is known to last.
+// Lua numbers are doubles: a TAT in ns since the epoch (~2^61) would step in hundreds of ns, so all
+// arithmetic is on the debt TAT − now, an integer number of ns far below 2^53 (exact) for any debt
+// under ~104 days. The key must live until the bucket is full again (TAT); setting its TTL on every
+// write costs Redis as much as the rest of the script, so a write that moves the TTL sets it to
+// twice the debt, and later writes within that keep it (KEEPTTL): a key outlives its refill by at
+// most as long again, and a busy key's TTL is set about once per burst.
 // p1 = interval ns (0: infinite rate; else >= 1000, see redis_backend.hpp), p2 = tolerance ns
-// (burst × interval), p3 = burst. An unreadable value counts as a full bucket. The value also holds
-// the interval and tolerance it was written with ("µs.nnn interval tolerance"): read under other
-// ones (a rule's limits changed), the tokens the bucket holds carry over, capped by the new burst,
-// as in gcra_state::retune and x/time/rate's SetLimit/SetBurst, and the value is written anew at
-// once (refused or not), so that the old rate refills nothing after the first check that sees it.
+// (burst × interval), p3 = burst. An unreadable value counts as a full bucket. Read under another
+// interval or tolerance (a rule's limits changed), the tokens the bucket holds carry over, capped by
+// the new burst, as in gcra_state::retune and x/time/rate's SetLimit/SetBurst, and the value is
+// written anew at once (refused or not), so that the old rate refills nothing after the first check
+// that sees it.
 constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, burst", R"lua(
   if interval == 0 then
     return 1, burst, 0, 0
@@ -65,20 +71,21 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
   if burst == 0 then
     return 0, 0, -1, 0
   end
-  local debt = 0
+  local debt, expires = 0, 0
   local v = redis.call('GET', key)
-  if v then
-    local us, frac, was_interval, was_tolerance = string.match(v, '^(%d+)%.?(%d*) ?(%d*) ?(%d*)$')
-    if us then
-      debt = math.max(0, (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3)))
-      was_interval, was_tolerance = tonumber(was_interval), tonumber(was_tolerance)
-      if debt > 0 and was_tolerance and was_interval > 0 and (was_interval ~= interval or was_tolerance ~= tolerance) then
+  if v and #v == 40 then
+    local us, ns, was_interval, was_tolerance, was_expires = struct.unpack('<ddddd', v)
+    local d = (us - now) * 1000 + ns
+    if d > 0 and d < 1e300 and was_interval > 0 and was_tolerance < 1e300 then
+      debt, expires = d, was_expires
+      if was_interval ~= interval or was_tolerance ~= tolerance then
         local available = (was_tolerance - debt) * interval / was_interval
         if available >= 0 then available = math.floor(available) else available = -math.floor(-available) end
         debt = tolerance - math.min(available, tolerance)
         if debt > 0 then
-          local ns = debt % 1000
-          redis.call('SET', key, string.format('%d.%03d %d %d', now + (debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(debt / 1000000)))
+          local ns, ttl = debt % 1000, math.ceil(debt / 500000)
+          expires = now + ttl * 1000
+          redis.call('SET', key, struct.pack('<ddddd', now + (debt - ns) / 1000, ns, interval, tolerance, expires), 'PX', ttl)
         else
           redis.call('DEL', key)
         end
@@ -89,7 +96,13 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
   if new_debt <= tolerance then
     if commit then
       local ns = new_debt % 1000
-      redis.call('SET', key, string.format('%d.%03d %d %d', now + (new_debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(new_debt / 1000000)))
+      local tat = now + (new_debt - ns) / 1000
+      if tat < expires then
+        redis.call('SET', key, struct.pack('<ddddd', tat, ns, interval, tolerance, expires), 'KEEPTTL')
+      else
+        local ttl = math.max(1, math.ceil(new_debt / 500000))
+        redis.call('SET', key, struct.pack('<ddddd', tat, ns, interval, tolerance, now + ttl * 1000), 'PX', ttl)
+      end
     end
     return 1, math.floor((tolerance - new_debt) / interval), 0, math.ceil(new_debt / 1000)
   end
@@ -172,24 +185,28 @@ constexpr algorithm_lua sliding_window_log_lua{"sliding_window_log", "limit, win
   return 0, math.max(0, limit - live), math.ceil(t + window - at), math.ceil(last_time + window - at)
 )lua"};
 
-// Sliding window counter: one string "index current previous" for windows aligned to multiples of
-// W; estimate = previous * (W - elapsed) / W + current. Expires at the end of the next window.
+// Sliding window counter: three doubles (index, current, previous; struct.pack '<ddd') for windows
+// aligned to multiples of W; estimate = previous * (W - elapsed) / W + current. Expires at the end
+// of the next window: set when a window's first write makes the value, kept (KEEPTTL) by the rest.
 constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "limit, window, _", R"lua(
   local index = math.floor(now / window)
   local elapsed = now - index * window
   local to_end = window - elapsed
-  local cur, prev = 0, 0
+  local cur, prev, same = 0, 0, false
   local v = redis.call('GET', key)
-  if v then
-    local i, c, p = string.match(v, '^(%-?%d+) (%d+) (%d+)$')
-    i = tonumber(i)
-    if i >= index then cur, prev = tonumber(c), tonumber(p)
-    elseif i == index - 1 then prev = tonumber(c) end
+  if v and #v == 24 then
+    local i, c, p = struct.unpack('<ddd', v)
+    if i >= index then cur, prev, same = c, p, i == index
+    elseif i == index - 1 then prev = c end
   end
   local weighted = prev * (window - elapsed) / window
   if weighted + cur + cost <= limit + 1e-9 then
     if commit then
-      redis.call('SET', key, string.format('%d %d %d', index, cur + cost, prev), 'PX', math.ceil((to_end + window) / 1000))
+      if same then
+        redis.call('SET', key, struct.pack('<ddd', index, cur + cost, prev), 'KEEPTTL')
+      else
+        redis.call('SET', key, struct.pack('<ddd', index, cur + cost, prev), 'PX', math.ceil((to_end + window) / 1000))
+      end
     end
     return 1, math.max(0, math.floor(limit - weighted - cur - cost + 1e-9)), 0, to_end + window
   end
@@ -205,19 +222,24 @@ constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "li
   return 0, math.max(0, math.floor(limit - weighted - cur + 1e-9)), math.ceil(retry), reset
 )lua"};
 
-// Fixed window: one string "index count" expiring at the end of its aligned window.
+// Fixed window: two doubles (index, count; struct.pack '<dd') expiring at the end of its aligned
+// window: set by the window's first write, kept (KEEPTTL) by the rest.
 constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"lua(
   local index = math.floor(now / window)
   local to_end = window - (now - index * window)
-  local used = 0
+  local used, same = 0, false
   local v = redis.call('GET', key)
-  if v then
-    local i, c = string.match(v, '^(%-?%d+) (%d+)$')
-    if tonumber(i) >= index then used = tonumber(c) end
+  if v and #v == 16 then
+    local i, c = struct.unpack('<dd', v)
+    if i >= index then used, same = c, i == index end
   end
   if used + cost <= limit then
     if commit then
-      redis.call('SET', key, string.format('%d %d', index, used + cost), 'PX', math.ceil(to_end / 1000))
+      if same then
+        redis.call('SET', key, struct.pack('<dd', index, used + cost), 'KEEPTTL')
+      else
+        redis.call('SET', key, struct.pack('<dd', index, used + cost), 'PX', math.ceil(to_end / 1000))
+      end
     end
     return 1, limit - used - cost, 0, to_end
   end
@@ -250,8 +272,8 @@ end
 )lua";
 
 constexpr std::string_view dual_main = R"lua(
-local t1, t2, t3 = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local u1, u2, u3 = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local t1, t2, t3 = tonumber(ARGV[3], 16), tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)
+local u1, u2, u3 = tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)
 local out = {dual(tf, uf, KEYS[1], KEYS[2], cost, t1, t2, t3, u1, u2, u3)}
 out[9] = now
 return out
@@ -268,15 +290,15 @@ local function group(k, a, n, record, out, o)
   local all = record
   for i = 0, n - 1 do
     local b, v = a + i * 5, o + i * 4
-    out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b]) + 1](KEYS[k + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), false)
+    out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b], 16) + 1](KEYS[k + i], tonumber(ARGV[b + 1], 16), tonumber(ARGV[b + 2], 16), tonumber(ARGV[b + 3], 16), tonumber(ARGV[b + 4], 16), false)
     if out[v + 1] == 0 then all = false end
   end
   for i = 0, n - 1 do
     local b, v = a + i * 5, o + i * 4
     if all then
-      out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b]) + 1](KEYS[k + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), true)
+      out[v + 1], out[v + 2], out[v + 3], out[v + 4] = fs[tonumber(ARGV[b], 16) + 1](KEYS[k + i], tonumber(ARGV[b + 1], 16), tonumber(ARGV[b + 2], 16), tonumber(ARGV[b + 3], 16), tonumber(ARGV[b + 4], 16), true)
     elseif out[v + 1] == 1 then
-      out[v + 2] = out[v + 2] + tonumber(ARGV[b + 1])
+      out[v + 2] = out[v + 2] + tonumber(ARGV[b + 1], 16)
     end
   end
 end
@@ -293,21 +315,21 @@ end
 constexpr std::string_view batch_main = R"lua(
 local out, n, k, a = {}, 0, 1, 3
 while a <= #ARGV do
-  local kind = tonumber(ARGV[a])
+  local kind = tonumber(ARGV[a], 16)
   if kind == 20 then
-    local count = tonumber(ARGV[a + 1])
+    local count = tonumber(ARGV[a + 1], 16)
     group(k, a + 3, count, ARGV[a + 2] == '1', out, n)
     n, k, a = n + 4 * count, k + count, a + 3 + 5 * count
   else
-    local cost = tonumber(ARGV[a + 1])
-    local p1, p2, p3 = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    local cost = tonumber(ARGV[a + 1], 16)
+    local p1, p2, p3 = tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16), tonumber(ARGV[a + 4], 16)
     if kind < 4 then
       local al, r, w, z = fs[kind + 1](KEYS[k], cost, p1, p2, p3, true)
       out[n + 1], out[n + 2], out[n + 3], out[n + 4] = al, r, w, z
       n, k, a = n + 4, k + 1, a + 5
     else
       local tf, uf = fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1]
-      local u1, u2, u3 = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+      local u1, u2, u3 = tonumber(ARGV[a + 5], 16), tonumber(ARGV[a + 6], 16), tonumber(ARGV[a + 7], 16)
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
         dual(tf, uf, KEYS[k], KEYS[k + 1], cost, p1, p2, p3, u1, u2, u3)
       n, k, a = n + 8, k + 2, a + 8
@@ -334,7 +356,7 @@ return out
 // unit) and, when it admits, records up to `want` units (at least the cost; at most what fits) and
 // replies {1, remaining, 0, reset µs, units, token, valid µs}: remaining after the lease less the
 // check's own cost (what an exact check reports, plus the lease's units left), the units leased,
-// what a give-back compares (a token bucket's value; a window's index), and for how long the units
+// what a give-back compares (a token bucket's value; a window's index, packed as its value holds it), and for how long the units
 // may be used (a window: until it ends; a token bucket: until the last unit's slot ends, within
 // 1 µs, rounded down). A refusal replies the algorithm's four values, then 0, '', 0.
 // A token-bucket lease holds the bucket's timeline until `hold` ns from now when that is further
@@ -362,14 +384,14 @@ local function lease(key, alg, cost, want, p1, p2, p3, hold)
     return 1, r + n - cost, 0, z, n, redis.call('GET', key) or '', z - 1
   end
   local index = math.floor(now / p2)
-  return 1, r + n - cost, 0, z, n, string.format('%d', index), p2 - (now - index * p2)
+  return 1, r + n - cost, 0, z, n, struct.pack('<d', index), p2 - (now - index * p2)
 end
 )lua";
 
 // A single-layer lease: KEYS[1]; ARGV[1] = now, cost, want, the algorithm's index, its three
 // parameters, hold ns, deadline. The reply: lease()'s seven values, then now.
 constexpr std::string_view lease_main = R"lua(
-local out = {lease(KEYS[1], tonumber(ARGV[4]), cost, tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]))}
+local out = {lease(KEYS[1], tonumber(ARGV[4], 16), cost, tonumber(ARGV[3], 16), tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16))}
 out[8] = now
 return out
 )lua";
@@ -380,10 +402,10 @@ return out
 // tenant layer admits, and the tenant's lease is taken only when the user layer admitted. The
 // reply: the tenant's four values, the user's four, the lease's units, token and valid µs, now.
 constexpr std::string_view lease_dual_main = R"lua(
-local tk, uk, want, talg = KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local t1, t2, t3, hold = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
-local uf = fs[tonumber(ARGV[9]) + 1]
-local u1, u2, u3 = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local tk, uk, want, talg = KEYS[1], KEYS[2], tonumber(ARGV[3], 16), tonumber(ARGV[4], 16)
+local t1, t2, t3, hold = tonumber(ARGV[5], 16), tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)
+local uf = fs[tonumber(ARGV[9], 16) + 1]
+local u1, u2, u3 = tonumber(ARGV[10], 16), tonumber(ARGV[11], 16), tonumber(ARGV[12], 16)
 local ta, tr, tw, tz = leasable[talg + 1](tk, cost, t1, t2, t3, false)
 if ta == 0 then
   local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, false)
@@ -400,29 +422,30 @@ return {a, r, w, z, 1, ur, uw, uz, n, token, valid, now}
 
 // Gives a lease's unused units back, when that is still exact: KEYS[1]; ARGV[1] = now, the
 // algorithm's index, the lease's token, the units, a token bucket's interval ns, deadline. A window
-// takes them off its count while it is still the lease's window; a token bucket moves its TAT back by their slots
-// (x/time/rate's Cancel) while its value is still the one the lease wrote, i.e. nobody took a unit
-// since — the units are then the last slots. Replies {units given back (0: none), now}.
+// takes them off its count (the second double of either window's value) while it is still the
+// lease's window; a token bucket moves its TAT back by their slots (x/time/rate's Cancel) while its
+// value is still the one the lease wrote, i.e. nobody took a unit since — the units are then the
+// last slots. Both keep the TTL, which covers the state before. Replies {units given back (0:
+// none), now}.
 constexpr std::string_view give_back_main = R"lua(
-local key, alg, token, units = KEYS[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local key, alg, token, units = KEYS[1], tonumber(ARGV[2], 16), ARGV[3], tonumber(ARGV[4], 16)
 local v = redis.call('GET', key)
 if not v then return {0, now} end
 if alg == 0 then
-  if v ~= token then return {0, now} end
-  local us, frac, interval, tolerance = string.match(v, '^(%d+)%.?(%d*) (%d+) (%d+)$')
-  if not us then return {0, now} end
-  local debt = (tonumber(us) - now) * 1000 + tonumber(string.sub(frac .. '000', 1, 3)) - units * tonumber(ARGV[5])
+  if v ~= token or #v ~= 40 then return {0, now} end
+  local us, ns, interval, tolerance, expires = struct.unpack('<ddddd', v)
+  local debt = (us - now) * 1000 + ns - units * tonumber(ARGV[5], 16)
   if debt <= 0 then
     redis.call('DEL', key)
   else
-    local ns = debt % 1000
-    redis.call('SET', key, string.format('%d.%03d %s %s', now + (debt - ns) / 1000, ns, interval, tolerance), 'PX', math.max(1, math.ceil(debt / 1000000)))
+    ns = debt % 1000
+    redis.call('SET', key, struct.pack('<ddddd', now + (debt - ns) / 1000, ns, interval, tolerance, expires), 'KEEPTTL')
   end
   return {units, now}
 end
-local i, c, rest = string.match(v, '^(%-?%d+) (%d+)(.*)$')
-if i ~= token then return {0, now} end
-redis.call('SET', key, string.format('%s %d%s', i, math.max(0, tonumber(c) - units), rest), 'KEEPTTL')
+if #v < 16 or string.sub(v, 1, 8) ~= token then return {0, now} end
+local _, c = struct.unpack('<dd', v)
+redis.call('SET', key, token .. struct.pack('<d', math.max(0, c - units)) .. string.sub(v, 17), 'KEEPTTL')
 return {units, now}
 )lua";
 
@@ -446,7 +469,7 @@ std::string single(const algorithm_lua& a) {
   std::string body = prelude();
   body += "local key, commit = KEYS[1], true\nlocal ";
   body += a.params;
-  body += " = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])";
+  body += " = tonumber(ARGV[3], 16), tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)";
   std::string_view rest = a.body;
   while (!rest.empty()) {
     const std::size_t eol = rest.find('\n');

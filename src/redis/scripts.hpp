@@ -1,7 +1,8 @@
 // src/redis/scripts.hpp — the Lua scripts of the Redis backend and how their arguments are laid out.
 //
-// Every script takes
-//   ARGV[1] = now in µs, or -1 to read the Redis server's TIME (always -1 outside tests)
+// Every number a script takes is written in hex digits (Lua's tonumber(s, 16) reads them with
+// strtoul, several times cheaper than decimal's strtod). Every script takes
+//   ARGV[1] = now in µs, or "-" to read the Redis server's TIME (always "-" outside tests)
 //   ARGV[2] = cost
 // then the parameters of its algorithm, three numbers each ("params"):
 //   token bucket:  interval ns (integer; 0 or >= 1000), tolerance ns (integer, burst × interval), burst

@@ -279,8 +279,8 @@ TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {
   const rule r{.name = "d", .limit = fixed_window_policy(2, 1h), .tenant = fixed_window_policy(3, 1h)};
   for (const auto& t : tenants) {
     for (const std::string& user : {std::string("u1"), std::string("{u2}"), std::string("\0}", 2)}) {
-      const std::string tk = detail::tenant_key("sluice:", r.name, t, "fw.3600000000");
-      const std::string uk = detail::user_key("sluice:", r.name, t, user, "fw.3600000000");
+      const std::string tk = detail::tenant_key("sluice:", r.name, t, "fw2.3600000000");
+      const std::string uk = detail::user_key("sluice:", r.name, t, user, "fw2.3600000000");
       ASSERT_EQ(detail::key_slot(tk), detail::key_slot(uk)) << "tenant of " << t.size() << " bytes";
     }
   }
@@ -303,7 +303,7 @@ TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {
     EXPECT_FALSE(full.allowed);
     EXPECT_EQ(full.rejected_by, layer::tenant);
     EXPECT_EQ(full.user.remaining, 1);  // the tenant layer's refusal took nothing of u2's
-    slots.insert(detail::key_slot(detail::tenant_key("sluice:", r.name, t, "fw.3600000000")));
+    slots.insert(detail::key_slot(detail::tenant_key("sluice:", r.name, t, "fw2.3600000000")));
     if (HasFailure()) return;
   }
   EXPECT_GT(slots.size(), 150u);
@@ -364,8 +364,8 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
   auto b = make_cluster();
   const rule r{.name = "d", .limit = fixed_window_policy(1'000'000, 1h), .tenant = fixed_window_policy(300, 1h)};
   const std::string tenant = "acme";
-  const std::string tk = detail::tenant_key("sluice:", r.name, tenant, "fw.3600000000");
-  const std::string uk = detail::user_key("sluice:", r.name, tenant, "bob", "fw.3600000000");
+  const std::string tk = detail::tenant_key("sluice:", r.name, tenant, "fw2.3600000000");
+  const std::string uk = detail::user_key("sluice:", r.name, tenant, "bob", "fw2.3600000000");
   const int slot = detail::key_slot(tk);
   ASSERT_TRUE(b->check({.rule = &r, .tenant = tenant, .user = "bob"}).value().allowed);  // both keys exist
   redis_server& from = cluster_->master_of(slot);

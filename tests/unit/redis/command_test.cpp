@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <charconv>
 #include <chrono>
 #include <deque>
 #include <limits>
@@ -55,6 +56,13 @@ std::vector<std::string> decode(std::string_view resp) {
 
 constexpr long long now_us = 1'700'000'000'000'000;
 
+// A number as scripts take it: hex digits (scripts.hpp).
+std::string hex(long long v) {
+  char buf[24];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v, 16);
+  return std::string(buf, end);
+}
+
 prepared_script prepared(const rule& r) {
   auto p = prepare_script(r);
   EXPECT_TRUE(p.ok()) << p.error().message;
@@ -70,10 +78,10 @@ TEST(PrepareScript, TokenBucketParametersAreIntegerNanoseconds) {
   EXPECT_FALSE(p.dual);
   EXPECT_EQ(p.limit, 10);
   // interval 1 ms, tolerance burst × interval, burst.
-  EXPECT_EQ(decode("*3\r\n" + p.params), (std::vector<std::string>{"1000000", "10000000", "10"}));
+  EXPECT_EQ(decode("*3\r\n" + p.params), (std::vector<std::string>{hex(1'000'000), hex(10'000'000), "a"}));
   const gcra_params g = make_gcra_params(per_second(5), 60);
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "b", .limit = token_bucket_policy(per_second(5), 60)}).params),
-            (std::vector<std::string>{std::to_string(g.interval_ns), std::to_string(g.tolerance_ns), "60"}));
+            (std::vector<std::string>{hex(g.interval_ns), hex(g.tolerance_ns), hex(60)}));
   // An infinite rate: interval 0.
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "i", .limit = token_bucket_policy(rate::infinite(), 3)}).params)[0],
             "0");
@@ -81,12 +89,12 @@ TEST(PrepareScript, TokenBucketParametersAreIntegerNanoseconds) {
 
 TEST(PrepareScript, WindowsAreWholeMicrosecondsRoundedUpAndCapped) {
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = sliding_window_policy(100, 60s)}).params),
-            (std::vector<std::string>{"100", "60000000", "0"}));
+            (std::vector<std::string>{hex(100), hex(60'000'000), "0"}));
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = fixed_window_policy(7, 1500ns)}).params)[1], "2");
   EXPECT_EQ(decode("*3\r\n" + prepared({.name = "w", .limit = fixed_window_policy(7, 1000ns)}).params)[1], "1");
   // Longer than 2^52 µs (~142 years) acts as 2^52 µs.
   const rule huge{.name = "w", .limit = sliding_window_counter_policy(7, nanoseconds::max())};
-  EXPECT_EQ(decode("*3\r\n" + prepared(huge).params)[1], std::to_string(std::int64_t{1} << 52));
+  EXPECT_EQ(decode("*3\r\n" + prepared(huge).params)[1], hex(std::int64_t{1} << 52));
   prepared_script p = prepared({.name = "w", .limit = sliding_window_counter_policy(7, 1s)});
   EXPECT_EQ(p.script, single_script(algorithm::sliding_window_counter));
   EXPECT_EQ(p.limit, 7);
@@ -100,7 +108,8 @@ TEST(PrepareScript, DualLayerSendsTheTenantFirst) {
   EXPECT_EQ(p.script, dual_script(algorithm::token_bucket, algorithm::sliding_window_log));
   EXPECT_EQ(p.limit, 3);
   EXPECT_EQ(p.tenant_limit, 6);
-  EXPECT_EQ(decode("*6\r\n" + p.params), (std::vector<std::string>{"1000000", "6000000", "6", "3", "60000000", "0"}));
+  EXPECT_EQ(decode("*6\r\n" + p.params),
+            (std::vector<std::string>{hex(1'000'000), hex(6'000'000), "6", "3", hex(60'000'000), "0"}));
 }
 
 TEST(PrepareScript, RefusesWhatItCannotComputeExactly) {
@@ -139,15 +148,15 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   command c = evalsha_command(p, r, {.rule = &r, .key = "user:42", .cost = 3}, "app:", -1, 123456);
   const auto& s = scripts()[p.script];
   EXPECT_EQ(decode(c.text),
-            (std::vector<std::string>{"EVALSHA", s.sha1, "1", single_key("app:", "api", "user:42", "swl.60000000"),
-                                      "-1", "3", "100", "60000000", "0", "00000000000123456"}));
+            (std::vector<std::string>{"EVALSHA", s.sha1, "1", single_key("app:", "api", "user:42", "swl.60000000"), "-",
+                                      "3", hex(100), hex(60'000'000), "0", "000000000001e240"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
   // A test clock's `now`, no deadline.
   command t = evalsha_command(p, r, {.rule = &r, .key = "k"}, "sluice:", now_us, -1);
   const auto args = decode(t.text);
-  EXPECT_EQ(args[4], std::to_string(now_us));
-  EXPECT_EQ(args[9], "-0000000000000001");  // Lua's tonumber reads it as -1
+  EXPECT_EQ(args[4], hex(now_us));
+  EXPECT_EQ(args[9], "ffffffffffffffff");  // later than any time
   // The keys' slot, for a cluster.
   EXPECT_EQ(c.slot, key_slot(single_key("app:", "api", "user:42", "swl.60000000")));
 }
@@ -157,13 +166,13 @@ TEST(EvalshaCommand, SetDeadlineRewritesTheFixedWidthField) {
   command c = evalsha_command(prepared(r), r, {.rule = &r, .key = "k"}, "sluice:", -1, -1);
   const std::size_t size = c.text.size();
   set_deadline(c, 1'700'000'000'123'456);
-  EXPECT_EQ(decode(c.text).back(), "01700000000123456");
+  EXPECT_EQ(decode(c.text).back(), "000" + hex(1'700'000'000'123'456));
   set_deadline(c, -1);
-  EXPECT_EQ(decode(c.text).back(), "-0000000000000001");
+  EXPECT_EQ(decode(c.text).back(), "ffffffffffffffff");
   set_deadline(c, 0);
-  EXPECT_EQ(decode(c.text).back(), "00000000000000000");
-  set_deadline(c, std::numeric_limits<std::int64_t>::max());  // clamped into the field, never longer
-  EXPECT_EQ(decode(c.text).back(), "99999999999999999");
+  EXPECT_EQ(decode(c.text).back(), "0000000000000000");
+  set_deadline(c, std::numeric_limits<std::int64_t>::max());  // fits the field
+  EXPECT_EQ(decode(c.text).back(), "7fffffffffffffff");
   EXPECT_EQ(c.text.size(), size);
 }
 
@@ -173,9 +182,9 @@ TEST(EvalshaCommand, DualLayerArguments) {
   command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
   EXPECT_EQ(decode(c.text),
             (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
-                                      tenant_key("sluice:", "d", "acme", "fw.60000000"),
-                                      user_key("sluice:", "d", "acme", "bob", "fw.60000000"), "-1", "1", "10",
-                                      "60000000", "0", "3", "60000000", "0", "-0000000000000001"}));
+                                      tenant_key("sluice:", "d", "acme", "fw2.60000000"),
+                                      user_key("sluice:", "d", "acme", "bob", "fw2.60000000"), "-", "1", "a",
+                                      hex(60'000'000), "0", "3", hex(60'000'000), "0", "ffffffffffffffff"}));
   EXPECT_EQ(c.text.substr(0, c.header), "*14\r\n");
   EXPECT_EQ(c.slot, key_slot("acme"));  // both keys carry the tenant's hash tag
 }
@@ -186,7 +195,7 @@ TEST(EvalshaCommand, HostileIdsStayOneArgument) {
   command c = evalsha_command(prepared(r), r, {.rule = &r, .key = id}, "sluice:", -1, -1);
   const auto args = decode(c.text);
   ASSERT_EQ(args.size(), 10u);
-  EXPECT_EQ(args[3], single_key("sluice:", "api", id, "fw.60000000"));
+  EXPECT_EQ(args[3], single_key("sluice:", "api", id, "fw2.60000000"));
 }
 
 TEST(EvalCommand, SendsTheBodyInPlaceOfTheHash) {
@@ -401,23 +410,23 @@ TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachChecksKindCostAndParameters) {
   EXPECT_EQ(decode(b.text(4242)), (std::vector<std::string>{"EVALSHA",
                                                             scripts()[batch_script].sha1,
                                                             "3",
-                                                            single_key("sluice:", "api", "k", "fw.60000000"),
-                                                            tenant_key("sluice:", "d", "acme", "fw.60000000"),
-                                                            user_key("sluice:", "d", "acme", "bob", "fw.60000000"),
-                                                            "-1",
-                                                            "4242",
-                                                            std::to_string(p1.script),
+                                                            single_key("sluice:", "api", "k", "fw2.60000000"),
+                                                            tenant_key("sluice:", "d", "acme", "fw2.60000000"),
+                                                            user_key("sluice:", "d", "acme", "bob", "fw2.60000000"),
+                                                            "-",
+                                                            "0000000000001092",
+                                                            hex(static_cast<long long>(p1.script)),
                                                             "2",
                                                             "3",
-                                                            "60000000",
+                                                            hex(60'000'000),
                                                             "0",
-                                                            std::to_string(p2.script),
+                                                            hex(static_cast<long long>(p2.script)),
                                                             "1",
-                                                            "10",
-                                                            "60000000",
+                                                            "a",
+                                                            hex(60'000'000),
                                                             "0",
                                                             "3",
-                                                            "60000000",
+                                                            hex(60'000'000),
                                                             "0"}));
 }
 
