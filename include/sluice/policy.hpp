@@ -84,19 +84,34 @@ inline policy fixed_window_policy(std::int64_t limit, nanoseconds window) {
 /// Checks a policy's parameters; the error names the first bad one ("burst must be >= 0, got -1").
 result<void> validate(const policy& p);
 
+namespace detail {
+// The errors of the checks below, out of line: the checks run on every request and inline.
+result<void> cost_error(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name);
+result<void> key_error(std::string_view key, std::string_view what);
+}  // namespace detail
+
+/// The same check as validate_cost(policy, cost) with the capacity given directly; `capacity` <= 0
+/// means no upper bound. `capacity_name` names it in the message ("burst", "limit").
+inline result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name) {
+  if (cost > 0 && (capacity <= 0 || cost <= capacity)) return {};
+  return detail::cost_error(cost, capacity, capacity_name);
+}
+
 /// Checks a cost against a policy: cost > 0, and cost <= capacity when capacity > 0 (a zero-capacity
 /// bucket refuses everything as a decision; an infinite rate admits any cost).
-result<void> validate_cost(const policy& p, std::int64_t cost);
-
-/// The same check with the capacity given directly; `capacity` <= 0 means no upper bound.
-/// `capacity_name` names it in the message ("burst", "limit").
-result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name);
+inline result<void> validate_cost(const policy& p, std::int64_t cost) {
+  if (p.algorithm == algorithm::token_bucket) return validate_cost(cost, p.rate.is_infinite() ? 0 : p.burst, "burst");
+  return validate_cost(cost, p.limit, "limit");
+}
 
 /// Whether `cost` is more than `p` can ever admit (validate_cost's errc::cost_exceeds_burst): a
 /// refusal for ever rather than a bad request, for the callers that say so (backend::check_all).
 bool exceeds_capacity(const policy& p, std::int64_t cost) noexcept;
 /// Checks a key or id: at most `max_key_length` bytes. Any bytes are allowed.
-result<void> validate_key(std::string_view key, std::string_view what = "key");
+inline result<void> validate_key(std::string_view key, std::string_view what = "key") {
+  if (key.size() <= max_key_length) return {};
+  return detail::key_error(key, what);
+}
 
 /// What an in-process keyed limiter does with a new key when it already holds its maximum number of
 /// keys and none of the sampled entries is idle (an idle entry is always dropped first: that loses

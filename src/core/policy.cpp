@@ -39,20 +39,10 @@ result<void> validate(const policy& p) {
   return {};
 }
 
-result<void> validate_cost(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name) {
+result<void> detail::cost_error(std::int64_t cost, std::int64_t capacity, std::string_view capacity_name) {
   if (cost <= 0) return {errc::invalid_argument, "cost must be > 0, got " + std::to_string(cost)};
-  if (capacity > 0 && cost > capacity) {
-    return {errc::cost_exceeds_burst, "cost " + std::to_string(cost) + " exceeds " + std::string(capacity_name) + " " +
-                                          std::to_string(capacity) + ": it can never be admitted"};
-  }
-  return {};
-}
-
-result<void> validate_cost(const policy& p, std::int64_t cost) {
-  if (p.algorithm == algorithm::token_bucket) {
-    return validate_cost(cost, p.rate.is_infinite() ? 0 : p.burst, "burst");
-  }
-  return validate_cost(cost, p.limit, "limit");
+  return {errc::cost_exceeds_burst, "cost " + std::to_string(cost) + " exceeds " + std::string(capacity_name) + " " +
+                                        std::to_string(capacity) + ": it can never be admitted"};
 }
 
 bool exceeds_capacity(const policy& p, std::int64_t cost) noexcept {
@@ -60,12 +50,9 @@ bool exceeds_capacity(const policy& p, std::int64_t cost) noexcept {
   return !v && v.error().code == errc::cost_exceeds_burst;
 }
 
-result<void> validate_key(std::string_view key, std::string_view what) {
-  if (key.size() > max_key_length) {
-    return {errc::key_too_long, std::string(what) + " is " + std::to_string(key.size()) + " bytes; the maximum is " +
-                                    std::to_string(max_key_length)};
-  }
-  return {};
+result<void> detail::key_error(std::string_view key, std::string_view what) {
+  return {errc::key_too_long, std::string(what) + " is " + std::to_string(key.size()) + " bytes; the maximum is " +
+                                  std::to_string(max_key_length)};
 }
 
 result<void> validate(const rule& r) {

@@ -191,13 +191,13 @@ bool parse_dotted_quad(std::string_view text, std::uint8_t out[4]) noexcept {
 
 std::optional<ip_address> parse_ip(std::string_view text) noexcept {
   ip_address a;
-  if (text.find(':') == std::string_view::npos) {
-    std::uint8_t v4[4];
-    if (!parse_dotted_quad(text, v4)) return std::nullopt;
+  // A dotted quad first; else IPv6, whose text has a ':'.
+  if (std::uint8_t v4[4]; parse_dotted_quad(text, v4)) {
     std::copy(v4_mapped_prefix.begin(), v4_mapped_prefix.end(), a.bytes.begin());
     std::copy(v4, v4 + 4, a.bytes.begin() + 12);
     return a;
   }
+  if (text.find(':') == std::string_view::npos) return std::nullopt;
   // inet_pton needs a terminated string; the longest textual IPv6 address is 45 characters.
   char buf[64];
   if (text.size() >= sizeof buf || text.find('\0') != std::string_view::npos) return std::nullopt;
@@ -207,22 +207,25 @@ std::optional<ip_address> parse_ip(std::string_view text) noexcept {
   return a;
 }
 
-std::string to_string(const ip_address& a) {
+char* write_text(const ip_address& a, char* out) noexcept {
   if (a.is_v4()) {  // on every request keyed by IP: cheaper than inet_ntop's printf
-    std::string out;
-    out.reserve(15);
-    for (int i = 12; i < 16; ++i) {
-      if (i > 12) out += '.';
-      unsigned v = a.bytes[static_cast<std::size_t>(i)];
-      if (v >= 100) out += static_cast<char>('0' + v / 100);
-      if (v >= 10) out += static_cast<char>('0' + v / 10 % 10);
-      out += static_cast<char>('0' + v % 10);
+    for (std::size_t i = 12; i < 16; ++i) {
+      if (i > 12) *out++ = '.';
+      const unsigned v = a.bytes[i];
+      if (v >= 100) *out++ = static_cast<char>('0' + v / 100);
+      if (v >= 10) *out++ = static_cast<char>('0' + v / 10 % 10);
+      *out++ = static_cast<char>('0' + v % 10);
     }
     return out;
   }
-  char buf[INET6_ADDRSTRLEN];
-  if (!inet_ntop(AF_INET6, a.bytes.data(), buf, sizeof buf)) return {};
-  return buf;
+  static_assert(INET6_ADDRSTRLEN <= 46);
+  if (!inet_ntop(AF_INET6, a.bytes.data(), out, INET6_ADDRSTRLEN)) return out;
+  return out + std::strlen(out);
+}
+
+std::string to_string(const ip_address& a) {
+  char buf[46];
+  return std::string(buf, write_text(a, buf));
 }
 
 ip_address masked(ip_address a, int prefix) noexcept {

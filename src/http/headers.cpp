@@ -1,10 +1,46 @@
 #include "sluice/http/headers.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 namespace sluice::http {
+
+void header_fields::add(std::string_view name, std::string_view value) {
+  if (count_ == max_fields || name.size() > 255 || used_ + value.size() > 65'535) {
+    throw std::length_error("header_fields: more than six fields, or too long");
+  }
+  if (!spilled_ && used_ + value.size() > inline_.size()) {
+    heap_.assign(inline_.data(), used_);
+    spilled_ = true;
+  }
+  if (spilled_) {
+    heap_.append(value);
+  } else if (!value.empty()) {
+    std::memcpy(inline_.data() + used_, value.data(), value.size());
+  }
+  fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_,
+                       static_cast<std::uint16_t>(value.size())};
+  used_ = static_cast<std::uint16_t>(used_ + value.size());
+}
+
+void header_fields::add(std::string_view name, std::int64_t v) {
+  constexpr std::size_t most_digits = 20;
+  if (spilled_ || used_ + most_digits > inline_.size() || count_ == max_fields || name.size() > 255) {
+    char digits[most_digits];
+    auto [end, ec] = std::to_chars(digits, digits + sizeof digits, v);
+    add(name, std::string_view(digits, static_cast<std::size_t>(end - digits)));
+    return;
+  }
+  // The common case: the digits straight into the inline text.
+  char* at = inline_.data() + used_;
+  auto [end, ec] = std::to_chars(at, at + most_digits, v);
+  const auto size = static_cast<std::uint16_t>(end - at);
+  fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_, size};
+  used_ = static_cast<std::uint16_t>(used_ + size);
+}
 
 std::int64_t ceil_seconds(nanoseconds d) noexcept {
   if (d <= nanoseconds::zero()) return 0;
@@ -44,28 +80,26 @@ std::string sf_string(std::string_view s) {
 
 }  // namespace
 
-std::vector<header_field> rate_limit_headers(const decision& d, const rule& r,
-                                             std::chrono::system_clock::time_point wall_now,
-                                             const header_options& options) {
-  std::vector<header_field> fields;
-  fields.reserve(6);  // one allocation for every field this function can add
+header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::system_clock::time_point wall_now,
+                                 const header_options& options) {
+  header_fields fields;
   std::int64_t reset_s = ceil_seconds(d.reset_after);
   std::int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
   if (options.legacy_fields) {
     auto unix_now = std::chrono::duration_cast<std::chrono::seconds>(wall_now.time_since_epoch()).count();
-    fields.push_back({"X-RateLimit-Limit", std::to_string(d.limit)});
-    fields.push_back({"X-RateLimit-Remaining", std::to_string(remaining)});
-    fields.push_back({"X-RateLimit-Reset", std::to_string(unix_now + reset_s)});
+    fields.add("X-RateLimit-Limit", d.limit);
+    fields.add("X-RateLimit-Remaining", remaining);
+    fields.add("X-RateLimit-Reset", unix_now + reset_s);
   }
   if (options.ietf_fields) {
     // For a dual-layer rule the figures shown are those of the binding layer.
     const policy& p = d.dual_layer && d.binding == layer::tenant && r.tenant ? *r.tenant : r.limit;
     std::string name = sf_string(r.name);
-    fields.push_back({"RateLimit-Policy",
-                      name + ";q=" + std::to_string(d.limit) + ";w=" + std::to_string(policy_window_seconds(p))});
-    fields.push_back({"RateLimit", name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset_s)});
+    fields.add("RateLimit-Policy",
+               name + ";q=" + std::to_string(d.limit) + ";w=" + std::to_string(policy_window_seconds(p)));
+    fields.add("RateLimit", name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset_s));
   }
-  if (!d.allowed) fields.push_back({"Retry-After", std::to_string(retry_after_seconds(d))});
+  if (!d.allowed) fields.add("Retry-After", retry_after_seconds(d));
   return fields;
 }
 

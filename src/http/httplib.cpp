@@ -39,7 +39,7 @@ limiter::limiter(std::shared_ptr<middleware> mw, identify_function identify)
   auto pending = mw_->prepare(*route, from, who ? &*who : nullptr);
   outcome o = mw_->check(pending);
 
-  for (const auto& h : o.headers) res.set_header(std::string(h.name), h.value);
+  for (const auto& h : o.headers) res.set_header(std::string(h.name), std::string(h.value));
   if (o.action != outcome::action::refuse) return ::httplib::Server::HandlerResponse::Unhandled;
   res.status = o.status;
   res.set_content(o.body, "application/json");

@@ -13,28 +13,34 @@ namespace sluice::http {
 
 // --- routes ---------------------------------------------------------------------------------------
 
-bool path_matches(std::string_view pattern, std::string_view path) noexcept {
-  if (pattern == "*") return true;
-  if (pattern.size() >= 2 && pattern.ends_with("/*")) {
-    std::string_view base = pattern.substr(0, pattern.size() - 2);  // "/notes"
-    if (!path.starts_with(base)) return false;
-    return path.size() == base.size() || path[base.size()] == '/';
+namespace detail {
+
+compiled_route compile_route(std::string_view method, std::string_view path, const route_limit* route) noexcept {
+  compiled_route c{.method = method, .base = path, .method_code = method_code(method), .route = route};
+  if (path == "*") {
+    c.path_kind = compiled_route::kind::any;
+  } else if (path.size() >= 2 && path.ends_with("/*")) {
+    c.path_kind = compiled_route::kind::below;  // "/notes/*": "/notes" and below
+    c.base.remove_suffix(2);
+  } else if (!path.empty() && path.back() == '*') {
+    c.path_kind = compiled_route::kind::prefix;
+    c.base.remove_suffix(1);
   }
-  if (!pattern.empty() && pattern.back() == '*') return path.starts_with(pattern.substr(0, pattern.size() - 1));
-  return pattern == path;
+  return c;
+}
+
+}  // namespace detail
+
+bool path_matches(std::string_view pattern, std::string_view path) noexcept {
+  return detail::route_matches(detail::compile_route({}, pattern, nullptr), {}, 0, path);
 }
 
 namespace {
 
 std::string_view path_of(std::string_view target) noexcept {
-  auto q = target.find_first_of("?#");
-  return q == std::string_view::npos ? target : target.substr(0, q);
-}
-
-// A GET route covers HEAD too: servers answer HEAD with their GET handler (cpp-httplib does so on
-// its own), so a HEAD must be checked and counted as the GET it runs.
-bool method_matches(std::string_view pattern, std::string_view method) noexcept {
-  return pattern.empty() || pattern == method || (pattern == "GET" && method == "HEAD");
+  std::size_t n = 0;  // a loop: find_first_of("?#") calls memchr once per byte of the target
+  while (n < target.size() && target[n] != '?' && target[n] != '#') ++n;
+  return target.substr(0, n);
 }
 
 std::string json_escape(std::string_view s) {
@@ -144,6 +150,9 @@ middleware::middleware(private_tag, middleware_options options, std::vector<cidr
       prepared_(std::move(prepared)),
       counters_(std::make_unique<atomic_counters[]>(options_.rules.size())),
       completes_inline_(options_.backend->completes_inline()) {
+  // Exempt rows first: find() stops at the first row that matches.
+  for (const auto& e : options_.exempt) table_.push_back(detail::compile_route(e.method, e.path, nullptr));
+  for (const auto& r : options_.routes) table_.push_back(detail::compile_route(r.method, r.path, &r));
   for (const auto& r : options_.routes) {
     auto it =
         std::find_if(options_.rules.begin(), options_.rules.end(), [&](const rule& x) { return x.name == r.rule; });
@@ -154,12 +163,10 @@ middleware::middleware(private_tag, middleware_options options, std::vector<cidr
 }
 
 const route_limit* middleware::find(std::string_view method, std::string_view target) const noexcept {
-  std::string_view path = path_of(target);
-  for (const auto& e : options_.exempt) {
-    if (method_matches(e.method, method) && path_matches(e.path, path)) return nullptr;
-  }
-  for (const auto& r : options_.routes) {
-    if (method_matches(r.method, method) && path_matches(r.path, path)) return &r;
+  const std::string_view path = path_of(target);
+  const std::uint8_t code = detail::method_code(method);
+  for (const auto& c : table_) {
+    if (detail::route_matches(c, method, code, path)) return c.route;  // null for an exempt row
   }
   return nullptr;
 }
@@ -187,7 +194,8 @@ pending_check middleware::prepare(const route_limit& route, const address_source
     auto a = client_address(from, trusted_, options_.client_ip_header);
     if (!a) return std::string(unresolved_client_key);
     if (!a->is_v4()) *a = masked(*a, options_.ipv6_prefix);
-    return "ip:" + to_string(*a);
+    char text[3 + 46] = {'i', 'p', ':'};
+    return std::string(text, write_text(*a, text + 3));
   };
   auto anonymous = [&]() -> std::string {
     return route.anonymous == anonymous_key::global ? std::string("anonymous") : client_key();
@@ -268,7 +276,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
     std::int64_t retry = transient ? 1 : retry_after_seconds(decision{.retry_after = never});
     o.action = outcome::action::refuse;
     o.status = 429;
-    o.headers.push_back({"Retry-After", std::to_string(retry)});
+    o.headers.add("Retry-After", retry);
     o.body = transient ? refusal_body("too_many_requests", "rate limiter at capacity, request refused", retry)
                        : refusal_body("not_admissible", "the rate limit cannot admit this request", retry);
     return o;
@@ -283,7 +291,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
     c.refused.fetch_add(1, std::memory_order_relaxed);
     o.action = outcome::action::refuse;
     o.status = 429;
-    o.headers.push_back({"Retry-After", "1"});
+    o.headers.add("Retry-After", "1");
     o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", 1);
     return o;
   }

@@ -230,7 +230,8 @@ void session::finish_check() {
     const check_item& item = batch_.items[0];
     const result<decision>& r = *results_[0];
     if (!r) return reply_error(backend_error(r.error()));
-    for (auto& f : sluice::http::rate_limit_headers(*r, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
+    for (const auto& f :
+         sluice::http::rate_limit_headers(*r, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
       extra_headers_ += f.name;
       extra_headers_ += ": ";
       extra_headers_ += f.value;

@@ -84,6 +84,8 @@ class limiter {
 
  private:
   std::optional<pending_check> prepare(const request& req, const boost::asio::ip::address& peer) const;
+  // The verdict of a backend that completes inline (completes_inline()).
+  verdict decide_inline(const request& req, const boost::asio::ip::address& peer) const;
 
   std::shared_ptr<middleware> mw_;
   identify_function identify_;

@@ -36,6 +36,9 @@ std::optional<ip_address> parse_ip(std::string_view text) noexcept;
 /// Canonical text: dotted quad for IPv4 (mapped or not), RFC 5952 form for IPv6.
 std::string to_string(const ip_address& a);
 
+/// The same text written at `out`, which has room for 46 bytes; returns the end.
+char* write_text(const ip_address& a, char* out) noexcept;
+
 /// `a` with all but its first `prefix` bits (of the IPv6 form) cleared.
 ip_address masked(ip_address a, int prefix) noexcept;
 

@@ -11,14 +11,19 @@
 //   for (const auto& f : sluice::http::rate_limit_headers(d, rule, std::chrono::system_clock::now(), {}))
 //     response.set(f.name, f.value);
 //
-// Thread-safe: pure functions.
+// The fields come in a `header_fields`: at most six, their text held inline, so that building them
+// on every admitted request allocates nothing (long rule names in the IETF fields move the text
+// to the heap).
+//
+// Thread-safe: pure functions; a header_fields is a value.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include "sluice/decision.hpp"
 #include "sluice/policy.hpp"
@@ -32,9 +37,74 @@ struct header_options {
   bool ietf_fields = false;
 };
 
+/// One field: its name (a literal of this library) and its value (a view into its header_fields).
 struct header_field {
   std::string_view name;
-  std::string value;
+  std::string_view value;
+};
+
+/// Up to `max_fields` header fields, in the order added; indexing and iteration yield header_field
+/// views valid while this object lives unchanged.
+class header_fields {
+ public:
+  static constexpr std::size_t max_fields = 6;
+
+  /// Appends a field (a seventh, a name of over 255 bytes or over 64 KiB of values is a logic
+  /// error: std::length_error). `name` must outlive this object; `value` is copied.
+  void add(std::string_view name, std::string_view value);
+  /// Appends a field whose value is `v` in decimal.
+  void add(std::string_view name, std::int64_t v);
+
+  std::size_t size() const noexcept { return count_; }
+  bool empty() const noexcept { return count_ == 0; }
+  header_field operator[](std::size_t i) const noexcept {
+    const entry& e = fields_[i];
+    return {std::string_view(e.name, e.name_size), std::string_view(text() + e.at, e.size)};
+  }
+  header_field at(std::size_t i) const {
+    if (i >= count_) throw std::out_of_range("header_fields::at");
+    return (*this)[i];
+  }
+  header_field front() const noexcept { return (*this)[0]; }
+
+  class iterator {
+   public:
+    using value_type = header_field;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    iterator(const header_fields* f, std::size_t i) noexcept : f_(f), i_(i) {}
+    header_field operator*() const noexcept { return (*f_)[i_]; }
+    iterator& operator++() noexcept {
+      ++i_;
+      return *this;
+    }
+    iterator operator++(int) noexcept { return {f_, i_++}; }
+    bool operator==(const iterator& o) const noexcept { return i_ == o.i_; }
+
+   private:
+    const header_fields* f_ = nullptr;
+    std::size_t i_ = 0;
+  };
+  iterator begin() const noexcept { return {this, 0}; }
+  iterator end() const noexcept { return {this, count_}; }
+
+ private:
+  // Offsets, not pointers, into the text: a copy needs no fixing up. Small, as outcomes are
+  // moved through coroutine frames: a name is at most 21 bytes, the text (below) under 64 KiB.
+  struct entry {
+    const char* name;
+    std::uint8_t name_size;
+    std::uint16_t at;
+    std::uint16_t size;
+  };
+  const char* text() const noexcept { return spilled_ ? heap_.data() : inline_.data(); }
+
+  std::array<entry, max_fields> fields_;
+  std::uint8_t count_ = 0;
+  bool spilled_ = false;  // the text outgrew inline_ and is all in heap_
+  std::uint16_t used_ = 0;
+  std::array<char, 64> inline_;  // the legacy fields and Retry-After take under 40 bytes
+  std::string heap_{};
 };
 
 /// Whole seconds, rounded up; 0 stays 0. Negative durations give 0.
@@ -45,9 +115,8 @@ std::int64_t ceil_seconds(nanoseconds d) noexcept;
 std::int64_t retry_after_seconds(const decision& d) noexcept;
 
 /// The header fields for a decision of `r` made at wall-clock time `wall_now`.
-std::vector<header_field> rate_limit_headers(const decision& d, const rule& r,
-                                             std::chrono::system_clock::time_point wall_now,
-                                             const header_options& options);
+header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::system_clock::time_point wall_now,
+                                 const header_options& options);
 
 /// The window, in whole seconds, the IETF `w` parameter reports: the window of a window policy,
 /// or burst / rate (the time to refill an empty bucket) for a token bucket.

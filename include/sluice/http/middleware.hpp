@@ -137,12 +137,65 @@ struct outcome {
     refuse,  ///< Answer `status` with `headers` and `body` (JSON); do not run the handler.
   };
   outcome::action action = action::pass;
-  std::vector<header_field> headers{};
+  header_fields headers{};
   int status = 200;    ///< 429 when refused.
   std::string body{};  ///< JSON when refused: {"code": ..., "message": ..., "retry_after": N}.
 };
 
 class middleware;
+
+namespace detail {
+/// The common methods as small numbers, so that a route row's method is one compare: 0 for none
+/// (a row for any method), 255 for another method, compared as text.
+inline std::uint8_t method_code(std::string_view m) noexcept {
+  switch (m.size()) {
+    case 0: return 0;
+    case 3: return m == "GET" ? 1 : m == "PUT" ? 3 : 255;
+    case 4: return m == "HEAD" ? 2 : m == "POST" ? 4 : 255;
+    case 5: return m == "PATCH" ? 5 : 255;
+    case 6: return m == "DELETE" ? 6 : 255;
+    case 7: return m == "OPTIONS" ? 7 : 255;
+    default: return 255;
+  }
+}
+inline constexpr std::uint8_t get_code = 1, head_code = 2, other_method = 255;
+
+/// A route table row's method and path pattern, parsed once: find() runs on every request.
+struct compiled_route {
+  enum class kind : std::uint8_t { exact, any, below, prefix };
+  std::string_view method{};     ///< Empty: any.
+  std::string_view base{};       ///< The path; for below ("/x/*") and prefix ("/x*"), the part before.
+  std::uint8_t method_code = 0;  ///< method_code(method).
+  kind path_kind = kind::exact;
+  const route_limit* route = nullptr;  ///< Null for an exempt row.
+};
+compiled_route compile_route(std::string_view method, std::string_view path, const route_limit* route) noexcept;
+
+// Two short strings equal? The last bytes first: most rows differ there, and the call to memcmp
+// that operator== makes costs more than the rest of a row's test.
+inline bool same_text(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() && (a.empty() || (a.back() == b.back() && a == b));
+}
+
+/// Whether row `c` covers a request of `method` (whose method_code is `code`) for `path`.
+inline bool route_matches(const compiled_route& c, std::string_view method, std::uint8_t code,
+                          std::string_view path) noexcept {
+  // A GET route covers HEAD too: servers answer HEAD with their GET handler (cpp-httplib does so on
+  // its own), so a HEAD must be checked and counted as the GET it runs.
+  if (c.method_code != 0 && c.method_code != code && !(code == head_code && c.method_code == get_code)) return false;
+  if (c.method_code == other_method && c.method != method) return false;
+  switch (c.path_kind) {
+    case compiled_route::kind::exact: return same_text(path, c.base);
+    case compiled_route::kind::any: return true;
+    case compiled_route::kind::below:
+      return path.size() >= c.base.size() && same_text(path.substr(0, c.base.size()), c.base) &&
+             (path.size() == c.base.size() || path[c.base.size()] == '/');
+    case compiled_route::kind::prefix:
+      return path.size() >= c.base.size() && same_text(path.substr(0, c.base.size()), c.base);
+  }
+  return false;
+}
+}  // namespace detail
 
 /// One request's check, ready to go to the backend. Owns the key strings the request views, so
 /// for check_async() it must stay where it is (the middleware holds it in a shared_ptr).
@@ -180,6 +233,9 @@ class middleware : public std::enable_shared_from_this<middleware> {
  public:
   /// Validates the options (rules, unique names, routes naming known rules, CIDRs, ipv6_prefix).
   static result<std::shared_ptr<middleware>> create(middleware_options options);
+
+  middleware(const middleware&) = delete;  // its route table views its own options
+  middleware& operator=(const middleware&) = delete;
 
   /// The route row for a request, or nullptr when the request is exempt or unmatched.
   /// `target` may carry a query string.
@@ -236,9 +292,10 @@ class middleware : public std::enable_shared_from_this<middleware> {
 
   middleware_options options_;
   std::vector<cidr> trusted_;
-  std::vector<prepared_rule_ptr> prepared_;  // options_.rules[i] as the backend prepared it
-  std::vector<std::size_t> route_rule_;      // routes_[i] -> index into options_.rules
-  std::vector<bool> route_needs_identity_;   // routes_[i] -> needs_identity()
+  std::vector<prepared_rule_ptr> prepared_;    // options_.rules[i] as the backend prepared it
+  std::vector<detail::compiled_route> table_;  // exempt rows, then routes; views of options_
+  std::vector<std::size_t> route_rule_;        // routes_[i] -> index into options_.rules
+  std::vector<bool> route_needs_identity_;     // routes_[i] -> needs_identity()
   std::unique_ptr<atomic_counters[]> counters_;
   bool completes_inline_ = false;
 };

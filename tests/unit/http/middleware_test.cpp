@@ -117,6 +117,22 @@ TEST_F(middleware_test, FindHonoursOrderMethodExemptAndQuery) {
   EXPECT_EQ(m->find("PUT", "/public"), nullptr);
 }
 
+// Methods are case-sensitive tokens; ones the route table has no code for are compared as text.
+TEST_F(middleware_test, FindComparesOtherMethodsAsText) {
+  middleware_options o = options();
+  o.exempt.clear();
+  o.routes = {{.method = "PURGE", .path = "/cache/*", .rule = "ip"},
+              {.method = "GET", .path = "/cache/*", .rule = "notes"}};
+  auto m = make(std::move(o));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->find("PURGE", "/cache/x")->rule, "ip");
+  EXPECT_EQ(m->find("MERGE", "/cache/x"), nullptr);  // as long, another method
+  EXPECT_EQ(m->find("purge", "/cache/x"), nullptr);
+  EXPECT_EQ(m->find("get", "/cache/x"), nullptr);
+  EXPECT_EQ(m->find("GET", "/cache#frag")->rule, "notes");
+  EXPECT_EQ(m->find("GETS", "/cache"), nullptr);
+}
+
 TEST_F(middleware_test, UnresolvableClientSharesOneKeyNotTheProxys) {
   auto m = make(options());
   ASSERT_TRUE(m);
