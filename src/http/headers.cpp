@@ -9,8 +9,8 @@
 namespace sluice::http {
 
 void header_fields::add(std::string_view name, std::string_view value) {
-  if (count_ == max_fields || name.size() > 255 || used_ + value.size() > 65'535) {
-    throw std::length_error("header_fields: more than six fields, or too long");
+  if (count_ == max_fields || name.size() > 255 || value.size() > std::numeric_limits<std::uint32_t>::max() - used_) {
+    throw std::length_error("header_fields: more than six fields, or a name too long");
   }
   if (!spilled_ && used_ + value.size() > inline_.size()) {
     heap_.assign(inline_.data(), used_);
@@ -22,8 +22,8 @@ void header_fields::add(std::string_view name, std::string_view value) {
     std::memcpy(inline_.data() + used_, value.data(), value.size());
   }
   fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_,
-                       static_cast<std::uint16_t>(value.size())};
-  used_ = static_cast<std::uint16_t>(used_ + value.size());
+                       static_cast<std::uint32_t>(value.size())};
+  used_ += static_cast<std::uint32_t>(value.size());
 }
 
 void header_fields::add(std::string_view name, std::int64_t v) {
@@ -37,9 +37,9 @@ void header_fields::add(std::string_view name, std::int64_t v) {
   // The common case: the digits straight into the inline text.
   char* at = inline_.data() + used_;
   auto [end, ec] = std::to_chars(at, at + most_digits, v);
-  const auto size = static_cast<std::uint16_t>(end - at);
+  const auto size = static_cast<std::uint32_t>(end - at);
   fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_, size};
-  used_ = static_cast<std::uint16_t>(used_ + size);
+  used_ += size;
 }
 
 std::int64_t ceil_seconds(nanoseconds d) noexcept {
@@ -83,6 +83,12 @@ std::string sf_string(std::string_view s) {
 header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::system_clock::time_point wall_now,
                                  const header_options& options) {
   header_fields fields;
+  add_rate_limit_headers(fields, d, r, wall_now, options);
+  return fields;
+}
+
+void add_rate_limit_headers(header_fields& fields, const decision& d, const rule& r,
+                            std::chrono::system_clock::time_point wall_now, const header_options& options) {
   std::int64_t reset_s = ceil_seconds(d.reset_after);
   std::int64_t remaining = d.remaining < 0 ? 0 : d.remaining;
   if (options.legacy_fields) {
@@ -100,7 +106,6 @@ header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::
     fields.add("RateLimit", name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(reset_s));
   }
   if (!d.allowed) fields.add("Retry-After", retry_after_seconds(d));
-  return fields;
 }
 
 }  // namespace sluice::http

@@ -302,7 +302,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
     o.action = outcome::action::admit;
     // A fail-open or disabled decision has no figures worth showing.
     if (!shadow && d.source != decision_source::fail_open && d.source != decision_source::disabled) {
-      o.headers = rate_limit_headers(d, r, std::chrono::system_clock::now(), options_.headers);
+      add_rate_limit_headers(o.headers, d, r, std::chrono::system_clock::now(), options_.headers);
     }
     return o;
   }
@@ -315,7 +315,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   }
   o.action = outcome::action::refuse;
   o.status = 429;
-  o.headers = rate_limit_headers(d, r, std::chrono::system_clock::now(), options_.headers);
+  add_rate_limit_headers(o.headers, d, r, std::chrono::system_clock::now(), options_.headers);
   std::int64_t retry = retry_after_seconds(d);
   // The binding layer (the refusing one) decides the wording, as it decides the header figures.
   bool by_tenant = d.dual_layer && d.binding == layer::tenant && r.tenant;

@@ -49,8 +49,8 @@ class header_fields {
  public:
   static constexpr std::size_t max_fields = 6;
 
-  /// Appends a field (a seventh, a name of over 255 bytes or over 64 KiB of values is a logic
-  /// error: std::length_error). `name` must outlive this object; `value` is copied.
+  /// Appends a field (a seventh, or a name of over 255 bytes, is a logic error:
+  /// std::length_error). `name` must outlive this object; `value` is copied.
   void add(std::string_view name, std::string_view value);
   /// Appends a field whose value is `v` in decimal.
   void add(std::string_view name, std::int64_t v);
@@ -90,20 +90,19 @@ class header_fields {
 
  private:
   // Offsets, not pointers, into the text: a copy needs no fixing up. Small, as outcomes are
-  // moved through coroutine frames: a name is at most 21 bytes, the text (below) under 64 KiB.
+  // moved through coroutine frames: this library's names are at most 21 bytes.
   struct entry {
-    const char* name;
-    std::uint8_t name_size;
-    std::uint16_t at;
-    std::uint16_t size;
+    const char* name = nullptr;
+    std::uint8_t name_size = 0;
+    std::uint32_t at = 0;
+    std::uint32_t size = 0;
   };
   const char* text() const noexcept { return spilled_ ? heap_.data() : inline_.data(); }
-
-  std::array<entry, max_fields> fields_;
+  std::array<entry, max_fields> fields_{};
   std::uint8_t count_ = 0;
   bool spilled_ = false;  // the text outgrew inline_ and is all in heap_
-  std::uint16_t used_ = 0;
-  std::array<char, 64> inline_;  // the legacy fields and Retry-After take under 40 bytes
+  std::uint32_t used_ = 0;
+  std::array<char, 64> inline_{};  // the legacy fields and Retry-After take under 40 bytes
   std::string heap_{};
 };
 
@@ -117,6 +116,10 @@ std::int64_t retry_after_seconds(const decision& d) noexcept;
 /// The header fields for a decision of `r` made at wall-clock time `wall_now`.
 header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::system_clock::time_point wall_now,
                                  const header_options& options);
+
+/// The same, added to `out` (an outcome's fields, built in place).
+void add_rate_limit_headers(header_fields& out, const decision& d, const rule& r,
+                            std::chrono::system_clock::time_point wall_now, const header_options& options);
 
 /// The window, in whole seconds, the IETF `w` parameter reports: the window of a window policy,
 /// or burst / rate (the time to refill an empty bucket) for a token bucket.

@@ -548,6 +548,22 @@ TEST_F(RedisBackendTest, ChangedLimitsKeepTheKeysState) {
   EXPECT_EQ(expect_decision(b->check({.rule = &longer, .key = "k"})).remaining, 1) << "a new window starts afresh";
 }
 
+// A smaller burst can leave a bucket full: its key goes, and the check that found it so writes a
+// new one, with a TTL of its own (not one kept from the key that went).
+TEST_F(RedisBackendTest, ABucketEmptiedByANewBurstStillExpires) {
+  auto b = make();
+  rule bucket{.name = "shrunk", .limit = token_bucket_policy(per_second(1), 10)};
+  EXPECT_TRUE(expect_decision(b->check({.rule = &bucket, .key = "k"})).allowed);
+  clock_.advance(500ms);
+  rule smaller{.name = "shrunk", .limit = token_bucket_policy(per_second(1), 5)};
+  decision d = expect_decision(b->check({.rule = &smaller, .key = "k"}));
+  EXPECT_TRUE(d.allowed);
+  EXPECT_EQ(d.remaining, 4);
+  const long long ttl = redis_->integer({"PTTL", detail::single_key("sluice:", "shrunk", "k", "tb2")});
+  EXPECT_GT(ttl, 0);
+  EXPECT_LE(ttl, 2000);
+}
+
 TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {
   auto b = make();
   rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
