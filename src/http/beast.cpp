@@ -215,7 +215,7 @@ verdict limiter::decide_inline(const request& req, const asio::ip::address& peer
 asio::awaitable<response> limiter::serve(const request& req, const asio::ip::address& peer,
                                          const handler_function& handler) const {
   // In-process backend: decide here, without a nested coroutine (a measurable share per request).
-  // (Not `c ? x : co_await y`: GCC 12 frees a temporary of that expression twice.)
+  // (Not `c ? x : co_await y`: GCC 12 miscompiles that expression; it crashed in free() here.)
   if (mw_->completes_inline()) co_return respond(decide_inline(req, peer), req, handler);
   const verdict v = co_await check(req, peer);
   co_return respond(v, req, handler);

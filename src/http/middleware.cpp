@@ -32,7 +32,7 @@ compiled_route compile_route(std::string_view method, std::string_view path, con
 }  // namespace detail
 
 bool path_matches(std::string_view pattern, std::string_view path) noexcept {
-  return detail::route_matches(detail::compile_route({}, pattern, nullptr), {}, 0, path);
+  return detail::route_matches(detail::compile_route({}, pattern, nullptr), {}, detail::any_method, path);
 }
 
 namespace {

@@ -9,7 +9,8 @@ namespace {
 // Shared by every script: `now` (µs, from TIME unless a test passes it) and the deadline.
 // Numbers come as hex digits (scripts.hpp): Lua reads them with strtoul, several times cheaper
 // than the strtod of decimal text, and a script reads six or more a call. strtoul is 64 bits wide
-// on a 64-bit redis-server only; a 32-bit build would read every µs time as 2^32 - 1. The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
+// on a 64-bit redis-server only; a 32-bit build would read every µs time as 2^32 - 1.
+// The shebang declares a Redis 7 script that writes: Redis refuses it whole, before it runs, while
 // over maxmemory (OOM), so no script grows memory past the limit. Scripts replicate their effects,
 // so reading TIME before writing is allowed. A call that reaches Redis after its deadline (server
 // time, µs; all f's for none) answers {-1, now} and records nothing: its caller gave up on it

@@ -145,20 +145,20 @@ struct outcome {
 class middleware;
 
 namespace detail {
-/// The common methods as small numbers, so that a route row's method is one compare: 0 for none
-/// (a row for any method), 255 for another method, compared as text.
+/// The common methods as small numbers, so that a route row's method is one compare: any_method
+/// for none (a row for any method), other_method for the rest, compared as text.
+inline constexpr std::uint8_t any_method = 0, get_code = 1, head_code = 2, other_method = 255;
 inline std::uint8_t method_code(std::string_view m) noexcept {
   switch (m.size()) {
-    case 0: return 0;
-    case 3: return m == "GET" ? 1 : m == "PUT" ? 3 : 255;
-    case 4: return m == "HEAD" ? 2 : m == "POST" ? 4 : 255;
-    case 5: return m == "PATCH" ? 5 : 255;
-    case 6: return m == "DELETE" ? 6 : 255;
-    case 7: return m == "OPTIONS" ? 7 : 255;
-    default: return 255;
+    case 0: return any_method;
+    case 3: return m == "GET" ? get_code : m == "PUT" ? 3 : other_method;
+    case 4: return m == "HEAD" ? head_code : m == "POST" ? 4 : other_method;
+    case 5: return m == "PATCH" ? 5 : other_method;
+    case 6: return m == "DELETE" ? 6 : other_method;
+    case 7: return m == "OPTIONS" ? 7 : other_method;
+    default: return other_method;
   }
 }
-inline constexpr std::uint8_t get_code = 1, head_code = 2, other_method = 255;
 
 /// A route table row's method and path pattern, parsed once: find() runs on every request.
 struct compiled_route {
@@ -182,7 +182,9 @@ inline bool route_matches(const compiled_route& c, std::string_view method, std:
                           std::string_view path) noexcept {
   // A GET route covers HEAD too: servers answer HEAD with their GET handler (cpp-httplib does so on
   // its own), so a HEAD must be checked and counted as the GET it runs.
-  if (c.method_code != 0 && c.method_code != code && !(code == head_code && c.method_code == get_code)) return false;
+  if (c.method_code != any_method && c.method_code != code && !(code == head_code && c.method_code == get_code)) {
+    return false;
+  }
   if (c.method_code == other_method && c.method != method) return false;
   switch (c.path_kind) {
     case compiled_route::kind::exact: return same_text(path, c.base);
