@@ -105,6 +105,8 @@ each_call() {
 
 echo "== redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p') on 127.0.0.1:$port, $(nproc) cores"
 echo "== one check a call: redis-benchmark -c 50 -P 16, EVALSHA, 100,000 keys, $checks calls each"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
 # Prints a script's calls/s, its server µs per call and that as a ratio to the seed script's.
 seed_us=
 one_check() {
@@ -114,7 +116,7 @@ one_check() {
   us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
   [ -n "$seed_us" ] || seed_us=$us
   printf '   %-24s %10s calls/s  %6s µs per call  %5.2f × the seed script\n' "$name" "$rps" "$us" \
-    "$(echo "$us / $seed_us" | bc -l)"
+    "$(ratio "$us" "$seed_us")"
 }
 each_call "$port" one_check
 cli FLUSHALL >/dev/null
@@ -149,6 +151,6 @@ instructions() {
   ir=$(sed -n 's/^summary: //p' "$dir/cg.out.$dumps")
   [ -n "$seed_ir" ] || seed_ir=$((ir / n))
   printf '   %-24s %8d instructions per call  %5.2f × the seed script\n' "$name" $((ir / n)) \
-    "$(echo "$ir / $n / $seed_ir" | bc -l)"
+    "$(ratio $((ir / n)) "$seed_ir")"
 }
 each_call "$vport" instructions
