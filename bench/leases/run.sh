@@ -125,4 +125,5 @@ rps_of() { for r in "${results[@]}"; do [ "${r%%|*}" = "$1" ] && cut -d'|' -f2 <
 hot_runs="$(for r in "${results[@]}"; do [ "${r%%|*}" = lease ] && awk -F'|' '{ printf "%.6f", $4 ? $6 / $4 : 0 }' <<<"$r"; done)"
 awk -v l="$(rps_of lease)" -v m="$(rps_of memory)" -v e="$(rps_of exact)" -v h="$hot_runs" 'BEGIN {
   printf "lease / memory checks/s: %.2f (target >= 0.8); lease / exact: %.2f\n", l / m, l / e
-  printf "hot keys: %.0f x fewer Redis script runs per check than exact mode (target >= 10)\n", h > 0 ? 1 / h : 0 }'
+  # (parenthesised: a bare ">" among the arguments of printf would redirect its output to a file)
+  printf "hot keys: %.1f x fewer Redis script runs per check than exact mode (target >= 10)\n", (h > 0 ? 1 / h : 0) }'

@@ -21,9 +21,12 @@ void header_fields::add(std::string_view name, std::string_view value) {
   } else if (!value.empty()) {
     std::memcpy(inline_.data() + used_, value.data(), value.size());
   }
-  fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_,
-                       static_cast<std::uint32_t>(value.size())};
-  used_ += static_cast<std::uint32_t>(value.size());
+  record(name, static_cast<std::uint32_t>(value.size()));
+}
+
+void header_fields::record(std::string_view name, std::uint32_t size) noexcept {
+  fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_, size};
+  used_ += size;
 }
 
 void header_fields::add(std::string_view name, std::int64_t v) {
@@ -37,9 +40,7 @@ void header_fields::add(std::string_view name, std::int64_t v) {
   // The common case: the digits straight into the inline text.
   char* at = inline_.data() + used_;
   auto [end, ec] = std::to_chars(at, at + most_digits, v);
-  const auto size = static_cast<std::uint32_t>(end - at);
-  fields_[count_++] = {name.data(), static_cast<std::uint8_t>(name.size()), used_, size};
-  used_ += size;
+  record(name, static_cast<std::uint32_t>(end - at));
 }
 
 std::int64_t ceil_seconds(nanoseconds d) noexcept {

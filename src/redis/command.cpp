@@ -97,14 +97,16 @@ void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t 
   cmd.keys_at = c.size();
 }
 
-// A script call's end: the deadline's fixed-width field, set to `deadline_us`.
-void end_call(command& cmd, std::int64_t deadline_us) {
-  cmd.text += "$16\r\n";
-  cmd.deadline_at = cmd.text.size();
-  cmd.text.append(deadline_width, '0');
-  cmd.text += "\r\n";
-  write_deadline(cmd.text.data() + cmd.deadline_at, deadline_us);
+// Appends the deadline's fixed-width bulk string, set to `deadline_us`; returns where its digits are.
+std::size_t append_deadline(std::string& out, std::int64_t deadline_us) {
+  char digits[deadline_width];
+  write_deadline(digits, deadline_us);
+  bulk(out, std::string_view(digits, deadline_width));
+  return out.size() - 2 - deadline_width;
 }
+
+// A script call's end: its deadline.
+void end_call(command& cmd, std::int64_t deadline_us) { cmd.deadline_at = append_deadline(cmd.text, deadline_us); }
 
 nanoseconds from_us(long long us) {
   if (us < 0) return never;
@@ -375,9 +377,7 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
   bulk(out, numkeys);
   out += keys;
   out += now;
-  char deadline[deadline_width];
-  write_deadline(deadline, deadline_us);
-  bulk(out, std::string_view(deadline, deadline_width));
+  append_deadline(out, deadline_us);
   out += args;
   return out;
 }

@@ -205,10 +205,11 @@ constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "li
   local weighted = prev * (window - elapsed) / window
   if weighted + cur + cost <= limit + 1e-9 then
     if commit then
+      local value = struct.pack('<ddd', index, cur + cost, prev)
       if same then
-        redis.call('SET', key, struct.pack('<ddd', index, cur + cost, prev), 'KEEPTTL')
+        redis.call('SET', key, value, 'KEEPTTL')
       else
-        redis.call('SET', key, struct.pack('<ddd', index, cur + cost, prev), 'PX', math.ceil((to_end + window) / 1000))
+        redis.call('SET', key, value, 'PX', math.ceil((to_end + window) / 1000))
       end
     end
     return 1, math.max(0, math.floor(limit - weighted - cur - cost + 1e-9)), 0, to_end + window
@@ -238,10 +239,11 @@ constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"l
   end
   if used + cost <= limit then
     if commit then
+      local value = struct.pack('<dd', index, used + cost)
       if same then
-        redis.call('SET', key, struct.pack('<dd', index, used + cost), 'KEEPTTL')
+        redis.call('SET', key, value, 'KEEPTTL')
       else
-        redis.call('SET', key, struct.pack('<dd', index, used + cost), 'PX', math.ceil(to_end / 1000))
+        redis.call('SET', key, value, 'PX', math.ceil(to_end / 1000))
       end
     end
     return 1, limit - used - cost, 0, to_end

@@ -98,6 +98,9 @@ class header_fields {
     std::uint32_t size = 0;
   };
   const char* text() const noexcept { return spilled_ ? heap_.data() : inline_.data(); }
+  // Adds the entry of a value of `size` bytes just written at the end of the text.
+  void record(std::string_view name, std::uint32_t size) noexcept;
+
   std::array<entry, max_fields> fields_{};
   std::uint8_t count_ = 0;
   bool spilled_ = false;  // the text outgrew inline_ and is all in heap_
