@@ -3,6 +3,7 @@
 //   redis_benchmark --address 127.0.0.1:6379 [--inflight 64] [--keys 100000] [--checks 300000]
 //   redis_benchmark --cluster 127.0.0.1:7000,127.0.0.1:7001,... [...]   (a Redis Cluster's masters)
 //   [--max-batch 64]   (redis_options::max_batch; 1: every check its own call)
+//   [--only token_bucket]   (one script: token_bucket, sliding_window_log, sliding_window_counter, fixed_window)
 //   redis_benchmark --script-body sliding_window_log     (prints that script, for redis-benchmark)
 //
 // For each algorithm (token bucket, sliding window log, sliding window counter, fixed window, dual
@@ -42,6 +43,7 @@ struct options {
   int inflight = 64;
   int keys = 100'000;
   long checks = 300'000;
+  std::string only;  // one script's label, or all
 };
 
 std::string info_field(redisContext* c, const char* section, std::string_view field) {
@@ -67,6 +69,13 @@ double evalsha_usec_per_call(redisContext* c) {
   return pos == std::string::npos ? 0.0 : std::atof(s.c_str() + pos + 14);
 }
 
+// The server's CPU time so far (main thread, user + system), in seconds: what a check costs Redis
+// in all, its reading and writing of the calls included.
+double server_cpu_seconds(redisContext* c) {
+  return std::atof(info_field(c, "cpu", "used_cpu_user_main_thread").c_str()) +
+         std::atof(info_field(c, "cpu", "used_cpu_sys_main_thread").c_str());
+}
+
 void simple(redisContext* c, const char* cmd) {
   auto* r = static_cast<redisReply*>(redisCommand(c, cmd));
   if (r) freeReplyObject(r);
@@ -89,11 +98,11 @@ struct run_result {
 };
 
 // `total` checks, `inflight` at a time, each handler starting the next one.
-run_result drive(sluice::backend& b, const sluice::rule& r, const std::vector<std::string>& keys,
+run_result drive(sluice::backend& b, const sluice::prepared_rule& r, const std::vector<std::string>& keys,
                  const std::vector<std::string>& tenants, long total, int inflight) {
   struct state {
     sluice::backend* b;
-    const sluice::rule* r;
+    const sluice::prepared_rule* r;
     const std::vector<std::string>* keys;
     const std::vector<std::string>* tenants;
     long total;
@@ -114,20 +123,21 @@ run_result drive(sluice::backend& b, const sluice::rule& r, const std::vector<st
       const std::string& key = (*s->keys)[k];
       const auto t0 = steady::now();
       // Dual layer: about 1,000 tenants ("user:10000" ... "user:10999") of 100 users each.
-      s->b->async_check({.rule = s->r, .key = key, .tenant = (*s->tenants)[k], .user = key},
-                        [s, i, t0](sluice::result<sluice::decision> d) {
-                          s->latency_ns[static_cast<std::size_t>(i)] = (steady::now() - t0).count();
-                          if (!d || d->source != sluice::decision_source::limiter) {
-                            s->failed.fetch_add(1, std::memory_order_relaxed);
-                          } else if (d->allowed) {
-                            s->admitted.fetch_add(1, std::memory_order_relaxed);
-                          }
-                          if (s->finished.fetch_add(1) + 1 == s->total) {
-                            s->done.set_value();
-                            return;
-                          }
-                          next(s);
-                        });
+      s->b->async_check(
+          {.rule = &s->r->definition(), .key = key, .tenant = (*s->tenants)[k], .user = key, .prepared = s->r},
+          [s, i, t0](sluice::result<sluice::decision> d) {
+            s->latency_ns[static_cast<std::size_t>(i)] = (steady::now() - t0).count();
+            if (!d || d->source != sluice::decision_source::limiter) {
+              s->failed.fetch_add(1, std::memory_order_relaxed);
+            } else if (d->allowed) {
+              s->admitted.fetch_add(1, std::memory_order_relaxed);
+            }
+            if (s->finished.fetch_add(1) + 1 == s->total) {
+              s->done.set_value();
+              return;
+            }
+            next(s);
+          });
     }
   };
   const auto start = steady::now();
@@ -179,6 +189,8 @@ int main(int argc, char** argv) {
       o.keys = std::atoi(argv[i + 1]);
     else if (a == "--checks")
       o.checks = std::atol(argv[i + 1]);
+    else if (a == "--only")
+      o.only = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -229,10 +241,17 @@ int main(int argc, char** argv) {
   };
   const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
                           "dual_layer (2 logs)"};
-  std::printf("%-24s %12s %10s %10s %12s %18s %12s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us",
-              "client cpu us", "usec_per_call", "checks/call", "bytes/key", "failed");
+  std::printf("%-24s %12s %10s %10s %12s %18s %12s %14s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us",
+              "client cpu us", "usec_per_call", "checks/call", "server cpu us", "bytes/key", "failed");
   for (std::size_t n = 0; n < std::size(rules); ++n) {
-    const sluice::rule& r = rules[n];
+    if (!o.only.empty() && o.only != labels[n]) continue;
+    // Prepared once, as a rule set, sluiced and the middleware do.
+    auto prepared = (*backend)->prepare(rules[n]);
+    if (!prepared) {
+      std::fprintf(stderr, "%s\n", prepared.error().message.c_str());
+      return 1;
+    }
+    const sluice::prepared_rule& r = **prepared;
     long long before = 0, after = 0;
     for (redisContext* c : admins) simple(c, "FLUSHALL");
     for (redisContext* c : admins) before += used_memory(c);
@@ -240,7 +259,10 @@ int main(int argc, char** argv) {
     for (redisContext* c : admins) after += used_memory(c);
     for (redisContext* c : admins) simple(c, "CONFIG RESETSTAT");
     const std::uint64_t calls_before = (*backend)->stats().calls;
+    double server_cpu = 0;
+    for (redisContext* c : admins) server_cpu -= server_cpu_seconds(c);
     run_result res = drive(**backend, r, keys, tenants, o.checks, o.inflight);
+    for (redisContext* c : admins) server_cpu += server_cpu_seconds(c);
     const double per_call =
         static_cast<double>(o.checks) / static_cast<double>((*backend)->stats().calls - calls_before);
     std::string usec;
@@ -249,8 +271,9 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "%s%.2f", usec.empty() ? "" : "/", evalsha_usec_per_call(c));
       usec += buf;
     }
-    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.1f %12.0f %9ld\n", labels[n], res.per_second, res.p50_us,
-                res.p99_us, res.cpu_us, usec.c_str(), per_call,
+    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.1f %14.2f %12.0f %9ld\n", labels[n], res.per_second,
+                res.p50_us, res.p99_us, res.cpu_us, usec.c_str(), per_call,
+                server_cpu * 1e6 / static_cast<double>(o.checks),
                 static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);
     std::fflush(stdout);
   }

@@ -3,6 +3,8 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <charconv>
 #include <limits>
 #include <optional>
@@ -19,13 +21,13 @@ namespace {
 
 // Appends one RESP bulk string: $len CRLF bytes CRLF.
 void bulk(std::string& out, std::string_view s) {
-  char len[24];
-  auto [end, ec] = std::to_chars(len, len + sizeof len, s.size());
-  out += '$';
-  out.append(len, end);
-  out += "\r\n";
-  out += s;
-  out += "\r\n";
+  char head[24] = {'$'};
+  char* end = std::to_chars(head + 1, head + sizeof head - 2, s.size()).ptr;
+  *end++ = '\r';
+  *end++ = '\n';
+  out.append(head, end);
+  out.append(s);
+  out.append("\r\n", 2);
 }
 
 void bulk(std::string& out, std::size_t v) {
@@ -90,8 +92,16 @@ void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t 
   c += std::to_string(argc);
   c += "\r\n";
   cmd.header = c.size();
-  bulk(c, "EVALSHA");
-  bulk(c, scripts()[script].sha1);
+  // EVALSHA and the script's hash, formatted once per script.
+  static const std::array<std::string, script_count> heads = [] {
+    std::array<std::string, script_count> out;
+    for (std::size_t i = 0; i < script_count; ++i) {
+      bulk(out[i], "EVALSHA");
+      bulk(out[i], scripts()[i].sha1);
+    }
+    return out;
+  }();
+  c += heads[script];
   cmd.rest = c.size();
   bulk(c, numkeys);
   cmd.keys_at = c.size();
@@ -343,13 +353,35 @@ result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alon
   return out;
 }
 
+// Past the bulk string at `at` of a RESP text this file wrote ($len CRLF bytes CRLF).
+std::size_t past_bulk(std::string_view text, std::size_t at) {
+  const std::size_t crlf = text.find('\r', at);
+  std::size_t len = 0;
+  std::from_chars(text.data() + at + 1, text.data() + crlf, len);
+  return crlf + 2 + len + 2;
+}
+
+std::size_t batch_builder::set_of(std::size_t kind, std::string_view params, std::size_t count) {
+  for (std::size_t i = 0; i < set_spans.size(); ++i) {
+    const set_span& s = set_spans[i];
+    if (s.kind == kind && std::string_view(sets).substr(s.at, s.size) == params) return i + 1;
+  }
+  number(sets, static_cast<std::int64_t>(kind));
+  set_spans.push_back({kind, sets.size(), params.size()});
+  sets += params;
+  sets_argc += 1 + count;
+  return set_spans.size();
+}
+
 void batch_builder::add(const command& c, std::size_t kind, int key_count) {
   if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
-  number(args, static_cast<std::int64_t>(kind));
-  args.append(c.text, c.args_at, c.args_end - c.args_at);
+  const std::size_t params_at = past_bulk(c.text, c.args_at);  // the cost's bulk string comes first
+  const std::string_view params = std::string_view(c.text).substr(params_at, c.args_end - params_at);
+  number(args, static_cast<std::int64_t>(set_of(kind, params, key_count == 2 ? 6 : 3)));
+  args.append(c.text, c.args_at, params_at - c.args_at);
   numkeys += static_cast<std::size_t>(key_count);
-  argc += 1 + (key_count == 2 ? 7 : 4);  // kind, cost, three parameters per key
+  argc += 2;
   ++checks;
 }
 
@@ -358,7 +390,7 @@ void set_record(command& c) { c.text[c.args_at + 4] = '1'; }  // the flag's bulk
 void batch_builder::add_group(const command& c, std::size_t count) {
   if (checks == 0) now = c.now_argument();
   keys.append(c.text, c.keys_at, c.keys_end - c.keys_at);
-  number(args, static_cast<std::int64_t>(group_kind));
+  number(args, 0);
   number(args, static_cast<std::int64_t>(count));
   args.append(c.text, c.args_at, c.args_end - c.args_at);  // whether to record, then five per check
   numkeys += count;
@@ -368,9 +400,9 @@ void batch_builder::add_group(const command& c, std::size_t count) {
 
 std::string batch_builder::text(std::int64_t deadline_us) const {
   std::string out;
-  out.reserve(keys.size() + args.size() + 128);
+  out.reserve(keys.size() + sets.size() + args.size() + 128);
   out += '*';
-  out += std::to_string(3 + numkeys + 2 + argc);
+  out += std::to_string(3 + numkeys + 3 + sets_argc + argc);
   out += "\r\n";
   bulk(out, "EVALSHA");
   bulk(out, scripts()[batch_script].sha1);
@@ -378,6 +410,8 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
   out += keys;
   out += now;
   append_deadline(out, deadline_us);
+  number(out, static_cast<std::int64_t>(set_spans.size()));
+  out += sets;
   out += args;
   return out;
 }
@@ -401,12 +435,30 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
   return cmd;
 }
 
+// The whole number in the little-endian double at `p`, as Redis casts a script's number to an
+// integer reply; nullopt for NaN, infinities and what no long long holds.
+std::optional<long long> packed_value(const char* p) {
+  std::uint64_t bits = 0;
+  for (int i = 7; i >= 0; --i) bits = bits << 8 | static_cast<unsigned char>(p[i]);
+  const double d = std::bit_cast<double>(bits);
+  if (!(d > -9.2e18 && d < 9.2e18)) return std::nullopt;
+  return static_cast<long long>(d);
+}
+
 result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
                                                 const redisReply& r) {
-  std::size_t expected = 1;
+  std::size_t expected = 0;
   for (const prepared_script* p : checks) expected += values_of(*p);
+  if (r.type != REDIS_REPLY_ARRAY || r.elements != 2 || r.element[0]->type != REDIS_REPLY_STRING ||
+      r.element[0]->len != expected * 8 || r.element[1]->type != REDIS_REPLY_INTEGER) {
+    return {errc::backend_protocol, "unexpected reply from the batch script"};
+  }
   std::vector<long long> v(expected);
-  if (!integers(r, expected, v.data())) return {errc::backend_protocol, "unexpected reply from the batch script"};
+  for (std::size_t i = 0; i < expected; ++i) {
+    auto value = packed_value(r.element[0]->str + 8 * i);
+    if (!value) return {errc::backend_protocol, "unexpected reply from the batch script"};
+    v[i] = *value;
+  }
   std::vector<decision> out;
   out.reserve(checks.size());
   std::size_t at = 0;

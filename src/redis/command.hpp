@@ -84,18 +84,20 @@ void set_deadline(command& c, std::int64_t deadline_us);
 std::string eval_command(const command& c, std::string_view body);
 
 /// Many checks as one call of the batch script (scripts.cpp), built from their own commands: their
-/// keys, then the `now` they share, the deadline, and per check its kind (its script's index, see
-/// scripts.hpp), cost and parameters.
+/// keys, then the `now` they share, the deadline, the parameter sets of their rules (each once:
+/// a script's index, see scripts.hpp, and its parameters), and per check its set and cost.
 ///
 ///   batch_builder b;
 ///   for (op : waiting) b.add(op.call, op.rule.script, op.rule.dual ? 2 : 1);   // all of one `now`
 ///   send(b.text(deadline_us));  ... then parse_batch_reply(their prepared scripts, reply)
 struct batch_builder {
   std::string keys;  ///< The key bulk strings, in order.
-  std::string args;  ///< Per check: kind, cost, parameters.
+  std::string sets;  ///< Per parameter set: its kind, then its parameters.
+  std::string args;  ///< Per check: its set (1-based; 0 for a group), cost.
   std::string now;   ///< The `now` bulk string the checks share.
   std::size_t numkeys = 0;
-  std::size_t argc = 0;  ///< Bulk strings in `args`.
+  std::size_t sets_argc = 0;  ///< Bulk strings in `sets`.
+  std::size_t argc = 0;       ///< Bulk strings in `args`.
   std::size_t checks = 0;
 
   /// Adds `c` (of script `kind`, with `key_count` keys: 1, or 2 for a dual-layer rule). Every check
@@ -105,10 +107,19 @@ struct batch_builder {
   void add_group(const command& c, std::size_t count);
   /// The EVALSHA of the batch script.
   std::string text(std::int64_t deadline_us) const;
+
+ private:
+  struct set_span {
+    std::size_t kind, at, size;  // the parameters' bulk strings: sets[at, at + size)
+  };
+  std::vector<set_span> set_spans;
+  // The 1-based index of the set of `kind` with `params` (`count` bulk strings), added if new.
+  std::size_t set_of(std::size_t kind, std::string_view params, std::size_t count);
 };
 
-/// Each check's decision from the batch script's reply, in order. Errors (errc::backend_protocol):
-/// another type or length, a non-integer value, an `allowed` not 0 or 1.
+/// Each check's decision from the reply of the batch or the all-or-nothing script ({packed values,
+/// now}, scripts.cpp), in order. Errors (errc::backend_protocol): another type or length, a value
+/// no long long holds, an `allowed` not 0 or 1.
 result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks, const redisReply& r);
 
 /// The checks of one check_all() (one slot's, on a cluster) as one call of the all-or-nothing

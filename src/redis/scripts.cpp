@@ -284,6 +284,22 @@ out[9] = now
 return out
 )lua";
 
+// The values t[1..n] as one string of little-endian doubles: the reply of a script deciding many
+// checks. Redis turns each number of a reply table into an integer reply of its own; one string
+// costs it (and the client reading it) less. The values are whole numbers (a double holds them
+// exactly), read back as Redis would have cast them. One struct.pack call per 512 values (unpack
+// puts them on Lua's stack, which holds a few thousand).
+constexpr std::string_view packed_lua = R"lua(
+local function packed(t, n)
+  local parts = {}
+  for i = 1, n, 512 do
+    local j = math.min(n, i + 511)
+    parts[#parts + 1] = struct.pack('<' .. string.rep('d', j - i + 1), unpack(t, i, j))
+  end
+  return table.concat(parts)
+end
+)lua";
+
 // Single-layer checks all or nothing (backend::check_all): each is first only looked at; when
 // every one would admit (and `record` is true), each is recorded, and its figures are as it stands
 // after; otherwise none is, and one that would have admitted reports its unchanged state (+ cost).
@@ -310,51 +326,60 @@ end
 )lua";
 
 // Many checks in one call, decided in order as if each came alone at the same µs: one TIME, one
-// deadline for all. ARGV[1] = now, ARGV[2] = deadline, then per check its kind — an algorithm's
-// index for one key; 4 + tenant index × 4 + user index for a dual-layer pair of keys; group_kind
-// (20) for a check_all's group, followed by its number of checks and whether to record — then its
-// cost and parameters (three per key; a group: its checks' five each); KEYS hold their keys in the
-// same order. The reply is each check's values as its own script returns them, without `now`, one
-// after another, then `now`. On a cluster its keys share one slot (Redis refuses others with
-// CROSSSLOT), as a dual-layer check's two do.
+// deadline for all. ARGV[1] = now, ARGV[2] = deadline, ARGV[3] = how many parameter sets follow,
+// each its kind — an algorithm's index for one key; 4 + tenant index × 4 + user index for a
+// dual-layer pair of keys — and its parameters (three per key); then per check its set (1-based)
+// and cost, or 0 for a check_all's group followed by its number of checks, whether to record, and
+// its checks' five each. A rule's parameters go once a call, however many of its checks are in it.
+// KEYS hold the checks' keys in order. The reply is {values, now}: values packs (packed()) each
+// check's values as its own script returns them, without `now`, one after another. On a cluster its keys share one slot (Redis
+// refuses others with CROSSSLOT), as a dual-layer check's two do.
 constexpr std::string_view batch_main = R"lua(
-local out, n, k, a = {}, 0, 1, 3
-while a <= #ARGV do
+local sets, a = {}, 4
+for s = 1, tonumber(ARGV[3], 16) do
   local kind = tonumber(ARGV[a], 16)
-  if kind == 20 then
+  if kind < 4 then
+    sets[s] = {fs[kind + 1], false, tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16)}
+    a = a + 4
+  else
+    sets[s] = {fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1],
+               tonumber(ARGV[a + 1], 16), tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16),
+               tonumber(ARGV[a + 4], 16), tonumber(ARGV[a + 5], 16), tonumber(ARGV[a + 6], 16)}
+    a = a + 7
+  end
+end
+local out, n, k, argc = {}, 0, 1, #ARGV
+while a <= argc do
+  local s = tonumber(ARGV[a], 16)
+  if s == 0 then
     local count = tonumber(ARGV[a + 1], 16)
     group(k, a + 3, count, ARGV[a + 2] == '1', out, n)
     n, k, a = n + 4 * count, k + count, a + 3 + 5 * count
   else
-    local cost = tonumber(ARGV[a + 1], 16)
-    local p1, p2, p3 = tonumber(ARGV[a + 2], 16), tonumber(ARGV[a + 3], 16), tonumber(ARGV[a + 4], 16)
-    if kind < 4 then
-      local al, r, w, z = fs[kind + 1](KEYS[k], cost, p1, p2, p3, true)
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = al, r, w, z
-      n, k, a = n + 4, k + 1, a + 5
+    local set, cost = sets[s], tonumber(ARGV[a + 1], 16)
+    if not set[2] then
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = set[1](KEYS[k], cost, set[3], set[4], set[5], true)
+      n, k = n + 4, k + 1
     else
-      local tf, uf = fs[math.floor((kind - 4) / 4) + 1], fs[(kind - 4) % 4 + 1]
-      local u1, u2, u3 = tonumber(ARGV[a + 5], 16), tonumber(ARGV[a + 6], 16), tonumber(ARGV[a + 7], 16)
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
-        dual(tf, uf, KEYS[k], KEYS[k + 1], cost, p1, p2, p3, u1, u2, u3)
-      n, k, a = n + 8, k + 2, a + 8
+        dual(set[1], set[2], KEYS[k], KEYS[k + 1], cost, set[3], set[4], set[5], set[6], set[7], set[8])
+      n, k = n + 8, k + 2
     end
+    a = a + 2
   end
 end
-out[n + 1] = now
-return out
+return {packed(out, n), now}
 )lua";
 
 // One check_all's group in a call of its own: ARGV[1] = now, ARGV[2] = 1 to record, 0 to only look
 // (the caller found a cost that no wait admits), then per check its algorithm's index, cost and
-// three parameters, and last the deadline; KEYS[i] is check i's key. The reply is each check's
-// four values, then `now`. On a cluster its keys share one slot.
+// three parameters, and last the deadline; KEYS[i] is check i's key. The reply is {values, now}:
+// values packs (packed()) each check's four values. On a cluster its keys share one slot.
 constexpr std::string_view all_main = R"lua(
 local n = (#ARGV - 3) / 5
 local out = {}
 group(1, 3, n, ARGV[2] == '1', out, 0)
-out[4 * n + 1] = now
-return out
+return {packed(out, 4 * n), now}
 )lua";
 
 // Takes a lease (lease.hpp): checks `cost` (0 for a refill ahead of need: then looks at one
@@ -514,6 +539,7 @@ std::string batch() {
   for (const algorithm_lua* a : algorithms) body += as_function(*a);
   body += dual_lua;
   body += group_lua;
+  body += packed_lua;
   body += batch_main;
   return body;
 }
@@ -522,6 +548,7 @@ std::string all_or_nothing() {
   std::string body = time_and_deadline("ARGV[#ARGV]");
   for (const algorithm_lua* a : algorithms) body += as_function(*a);
   body += group_lua;
+  body += packed_lua;
   body += all_main;
   return body;
 }

@@ -30,10 +30,8 @@
 namespace sluice::detail {
 
 inline constexpr std::size_t algorithm_count = 4;
-/// The batch script's kind for a check_all's group (after the 4 single and 16 dual kinds).
-inline constexpr std::size_t group_kind = algorithm_count + algorithm_count * algorithm_count;
-/// The script that decides many checks in one call.
-inline constexpr std::size_t batch_script = group_kind;
+/// The script that decides many checks in one call (after the 4 single and 16 dual scripts).
+inline constexpr std::size_t batch_script = algorithm_count + algorithm_count * algorithm_count;
 /// The script that decides the single-layer checks of one check_all() as one.
 inline constexpr std::size_t all_script = batch_script + 1;
 /// The script that checks a leased single-layer rule and takes its lease (lease.hpp).

@@ -3,9 +3,11 @@
 // long arrays, huge and negative integers) — built by hand as hiredis would hand them over.
 #include "redis/command.hpp"
 
+#include <bit>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
+#include <bit>
 #include <charconv>
 #include <chrono>
 #include <deque>
@@ -398,7 +400,7 @@ namespace {
 
 // --- batch_builder, parse_batch_reply ------------------------------------------------------------
 
-TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachChecksKindCostAndParameters) {
+TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachRulesParametersOnceThenEachChecksSetAndCost) {
   const rule one{.name = "api", .limit = fixed_window_policy(3, 1min)};
   const rule two{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
   const prepared_script p1 = prepared(one);
@@ -406,28 +408,45 @@ TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachChecksKindCostAndParameters) {
   batch_builder b;
   b.add(evalsha_command(p1, one, {.rule = &one, .key = "k", .cost = 2}, "sluice:", -1, -1), p1.script, 1);
   b.add(evalsha_command(p2, two, {.rule = &two, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), p2.script, 2);
-  EXPECT_EQ(b.checks, 2u);
+  b.add(evalsha_command(p1, one, {.rule = &one, .key = "j"}, "sluice:", -1, -1), p1.script, 1);
+  EXPECT_EQ(b.checks, 3u);
   EXPECT_EQ(decode(b.text(4242)), (std::vector<std::string>{"EVALSHA",
                                                             scripts()[batch_script].sha1,
-                                                            "3",
+                                                            "4",
                                                             single_key("sluice:", "api", "k", "fw2.60000000"),
                                                             tenant_key("sluice:", "d", "acme", "fw2.60000000"),
                                                             user_key("sluice:", "d", "acme", "bob", "fw2.60000000"),
+                                                            single_key("sluice:", "api", "j", "fw2.60000000"),
                                                             "-",
                                                             "0000000000001092",
+                                                            "2",  // parameter sets
                                                             hex(static_cast<long long>(p1.script)),
-                                                            "2",
                                                             "3",
                                                             hex(60'000'000),
                                                             "0",
                                                             hex(static_cast<long long>(p2.script)),
-                                                            "1",
                                                             "a",
                                                             hex(60'000'000),
                                                             "0",
                                                             "3",
                                                             hex(60'000'000),
-                                                            "0"}));
+                                                            "0",
+                                                            "1",  // set, cost of each check
+                                                            "2",
+                                                            "2",
+                                                            "1",
+                                                            "1",
+                                                            "1"}));
+}
+
+// The batch and all-or-nothing scripts' reply: {values as little-endian doubles, now}.
+std::string packed(std::initializer_list<double> values) {
+  std::string out;
+  for (double v : values) {
+    const auto bits = std::bit_cast<std::uint64_t>(v);
+    for (int i = 0; i < 8; ++i) out += static_cast<char>(bits >> (8 * i) & 0xff);
+  }
+  return out;
 }
 
 TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
@@ -437,7 +456,10 @@ TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
   const prepared_script p2 = prepared(two);
   const std::vector<const prepared_script*> checks = {&p1, &p2, &p1};
   replies r;
-  auto d = parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us}));
+  const auto reply = [&](std::initializer_list<double> values) {
+    return r.array({r.string(packed(values)), r.integer(now_us)});
+  };
+  auto d = parse_batch_reply(checks, *reply({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6}));
   ASSERT_TRUE(d.ok()) << d.error().message;
   ASSERT_EQ(d->size(), 3u);
   EXPECT_TRUE((*d)[0].allowed);
@@ -446,11 +468,20 @@ TEST(ParseBatchReply, EachChecksValuesInOrderAndHostileRepliesRefused) {
   EXPECT_EQ((*d)[1].rejected_by, layer::user);
   EXPECT_FALSE((*d)[2].allowed);
   EXPECT_EQ((*d)[2].retry_after, 30us);
-  EXPECT_FALSE(parse_batch_reply(checks, *r.integers({1, 2, 0, 500, now_us})).ok());  // short
+  EXPECT_FALSE(parse_batch_reply(checks, *reply({1, 2, 0, 500})).ok());  // short
+  EXPECT_FALSE(parse_batch_reply(checks, *reply({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, 1})).ok());
+  EXPECT_FALSE(parse_batch_reply(checks, *reply({2, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6})).ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double hostile : {nan, inf, -inf, 1e300}) {
+    EXPECT_FALSE(parse_batch_reply(checks, *reply({1, hostile, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6})).ok());
+  }
   EXPECT_FALSE(
-      parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, 1, now_us})).ok());
+      parse_batch_reply(checks, *r.array({r.string(packed({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6}) + "x"),
+                                          r.integer(now_us)}))
+          .ok());  // not whole doubles
   EXPECT_FALSE(
-      parse_batch_reply(checks, *r.integers({2, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us})).ok());
+      parse_batch_reply(checks, *r.integers({1, 2, 0, 500, 1, 9, 0, 7, 0, 3, 40, 7, 0, 0, 30, 6, now_us})).ok());
   EXPECT_FALSE(parse_batch_reply(checks, *r.string("OK")).ok());
 }
 
