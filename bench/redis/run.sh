@@ -12,6 +12,9 @@
 #    p50/p99 latency, server time per call, Redis memory per key;
 # 4. when valgrind is installed, step 2's calls again on a redis-server under callgrind: the
 #    instructions per call, a figure this shared machine's load does not move;
+# 5. then, on another redis-server under callgrind counting all it does (reading calls and writing
+#    replies too), each of our scripts one check a call beside the same checks batched by
+#    redis_benchmark: what batching saves Redis per check;
 # then stops those redis-servers (by their PIDs). Every loop is bounded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -154,3 +157,36 @@ instructions() {
     "$(ratio $((ir / n)) "$seed_ir")"
 }
 each_call "$vport" instructions
+
+# 5. All the instructions of a redis-server (its reading of calls and writing of replies too), per
+# check: one check a call beside batches (redis_benchmark, 64 in flight, 2,000 keys: 8,000 checks).
+wport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+valgrind --tool=callgrind --callgrind-out-file="$dir/whole.out" \
+  redis-server --port "$wport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
+  --logfile "$dir/whole-redis.log" >/dev/null 2>&1 &
+wpid=$!
+cleanup() {
+  kill "$pid" "$vpid" "$wpid" 2>/dev/null || true
+  wait "$pid" "$vpid" "$wpid" 2>/dev/null || true
+  rm -rf "$dir"
+}
+for _ in $(seq 1 300); do redis-cli -p "$wport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+echo "== the whole redis-server under callgrind: instructions per check, one check a call and batched"
+whole_dumps=0
+whole_since_zero() {
+  callgrind_control -d "$wpid" >/dev/null 2>&1
+  whole_dumps=$((whole_dumps + 1))
+  sed -n 's/^summary: //p' "$dir/whole.out.$whole_dumps"
+}
+alone_and_batched() {
+  local name=$1 sha=$2 alone batched; shift 2
+  case $name in seed | TIME*) return ;; esac
+  callgrind_control -z "$wpid" >/dev/null 2>&1
+  redis-benchmark -p "$wport" -c 4 -P 16 -n 3000 -r 2000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  alone=$(($(whole_since_zero) / 3000))
+  callgrind_control -z "$wpid" >/dev/null 2>&1
+  "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 2000 --checks 6000 --only "$name" >/dev/null
+  batched=$(($(whole_since_zero) / 8000))
+  printf '   %-24s %8d alone  %8d batched  %5.2f × alone\n' "$name" "$alone" "$batched" "$(ratio "$batched" "$alone")"
+}
+each_call "$wport" alone_and_batched

@@ -1,23 +1,40 @@
 #include "redis/keys.hpp"
 
+#include <array>
 #include <chrono>
 
 namespace sluice::detail {
 
-std::string encode_id(std::string_view id) {
+namespace {
+
+// Bytes an id keeps as they are: printable ASCII but for the key syntax's `{ } :` and the escape `%`.
+constexpr std::array<bool, 256> kept_bytes = [] {
+  std::array<bool, 256> t{};
+  for (int b = 0x21; b < 0x7f; ++b) t[static_cast<std::size_t>(b)] = b != '{' && b != '}' && b != ':' && b != '%';
+  return t;
+}();
+
+// Appends `id` percent-encoded, its kept bytes a run at a time.
+void append_id(std::string& out, std::string_view id) {
   static constexpr char hex[] = "0123456789ABCDEF";
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < id.size(); ++i) {
+    const auto b = static_cast<unsigned char>(id[i]);
+    if (kept_bytes[b]) continue;
+    out.append(id.data() + run, i - run);
+    const char escaped[3] = {'%', hex[b >> 4], hex[b & 0xf]};
+    out.append(escaped, 3);
+    run = i + 1;
+  }
+  out.append(id.data() + run, id.size() - run);
+}
+
+}  // namespace
+
+std::string encode_id(std::string_view id) {
   std::string out;
   out.reserve(id.size());
-  for (char ch : id) {
-    const auto b = static_cast<unsigned char>(ch);
-    if (b > 0x20 && b < 0x7f && b != '{' && b != '}' && b != ':' && b != '%') {
-      out.push_back(ch);
-    } else {
-      out.push_back('%');
-      out.push_back(hex[b >> 4]);
-      out.push_back(hex[b & 0xf]);
-    }
-  }
+  append_id(out, id);
   return out;
 }
 
@@ -34,22 +51,26 @@ std::string state_tag(const policy& p) {
 }
 
 std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag) {
-  std::string k(prefix);
+  std::string k;
+  k.reserve(prefix.size() + rule.size() + key.size() + tag.size() + 4);
+  k += prefix;
   k += '{';
-  k += encode_id(rule);
+  append_id(k, rule);
   k += ':';
-  k += encode_id(key);
+  append_id(k, key);
   k += "}:";
   k += tag;
   return k;
 }
 
 std::string tenant_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view tag) {
-  std::string k(prefix);
+  std::string k;
+  k.reserve(prefix.size() + tenant.size() + rule.size() + tag.size() + 5);
+  k += prefix;
   k += '{';
-  k += encode_id(tenant);
+  append_id(k, tenant);
   k += "}:";
-  k += encode_id(rule);
+  append_id(k, rule);
   k += ':';
   k += tag;
   return k;
@@ -57,13 +78,15 @@ std::string tenant_key(std::string_view prefix, std::string_view rule, std::stri
 
 std::string user_key(std::string_view prefix, std::string_view rule, std::string_view tenant, std::string_view user,
                      std::string_view tag) {
-  std::string k(prefix);
+  std::string k;
+  k.reserve(prefix.size() + tenant.size() + rule.size() + user.size() + tag.size() + 11);
+  k += prefix;
   k += '{';
-  k += encode_id(tenant);
+  append_id(k, tenant);
   k += "}:";
-  k += encode_id(rule);
+  append_id(k, rule);
   k += ":user:";
-  k += encode_id(user);
+  append_id(k, user);
   k += ':';
   k += tag;
   return k;

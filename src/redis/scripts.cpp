@@ -58,8 +58,10 @@ struct algorithm_lua {
 // arithmetic is on the debt TAT − now, an integer number of ns far below 2^53 (exact) for any debt
 // under ~104 days. The key must live until the bucket is full again (TAT); setting its TTL on every
 // write costs Redis as much as the rest of the script, so a write that moves the TTL sets it to
-// twice the debt, and later writes within that keep it (KEEPTTL): a key outlives its refill by at
-// most as long again, and a busy key's TTL is set about once per burst.
+// twice the debt, and later writes within that keep it: a key outlives its refill by at most as long
+// again, and a busy key's TTL is set about once per burst. A write that keeps the TTL overwrites the
+// value in place (SETRANGE 0 of a value as long: the TTL stays, and Redis does less than for a SET
+// with KEEPTTL); the key exists, as its value was just read.
 // p1 = interval ns (0: infinite rate; else >= 1000, see redis_backend.hpp), p2 = tolerance ns
 // (burst × interval), p3 = burst. An unreadable value counts as a full bucket. Read under another
 // interval or tolerance (a rule's limits changed), the tokens the bucket holds carry over, capped by
@@ -101,7 +103,7 @@ constexpr algorithm_lua token_bucket_lua{"token_bucket", "interval, tolerance, b
       local ns = new_debt % 1000
       local tat = now + (new_debt - ns) / 1000
       if tat < expires then
-        redis.call('SET', key, struct.pack('<ddddd', tat, ns, interval, tolerance, expires), 'KEEPTTL')
+        redis.call('SETRANGE', key, '0', struct.pack('<ddddd', tat, ns, interval, tolerance, expires))
       else
         local ttl = math.max(1, math.ceil(new_debt / 500000))
         redis.call('SET', key, struct.pack('<ddddd', tat, ns, interval, tolerance, now + ttl * 1000), 'PX', ttl)
@@ -190,7 +192,8 @@ constexpr algorithm_lua sliding_window_log_lua{"sliding_window_log", "limit, win
 
 // Sliding window counter: three doubles (index, current, previous; struct.pack '<ddd') for windows
 // aligned to multiples of W; estimate = previous * (W - elapsed) / W + current. Expires at the end
-// of the next window: set when a window's first write makes the value, kept (KEEPTTL) by the rest.
+// of the next window: set when a window's first write makes the value, kept by the rest (which
+// overwrite the value in place, as the token bucket does).
 constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "limit, window, _", R"lua(
   local index = math.floor(now / window)
   local elapsed = now - index * window
@@ -207,7 +210,7 @@ constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "li
     if commit then
       local value = struct.pack('<ddd', index, cur + cost, prev)
       if same then
-        redis.call('SET', key, value, 'KEEPTTL')
+        redis.call('SETRANGE', key, '0', value)
       else
         redis.call('SET', key, value, 'PX', math.ceil((to_end + window) / 1000))
       end
@@ -227,7 +230,8 @@ constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counter", "li
 )lua"};
 
 // Fixed window: two doubles (index, count; struct.pack '<dd') expiring at the end of its aligned
-// window: set by the window's first write, kept (KEEPTTL) by the rest.
+// window: set by the window's first write, kept by the rest (which overwrite the value in place, as
+// the token bucket does).
 constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"lua(
   local index = math.floor(now / window)
   local to_end = window - (now - index * window)
@@ -241,7 +245,7 @@ constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"l
     if commit then
       local value = struct.pack('<dd', index, used + cost)
       if same then
-        redis.call('SET', key, value, 'KEEPTTL')
+        redis.call('SETRANGE', key, '0', value)
       else
         redis.call('SET', key, value, 'PX', math.ceil(to_end / 1000))
       end
