@@ -9,7 +9,8 @@
 #    scripts (the rules of step 3), each with its server time per call (INFO commandstats) and its
 #    ratio to the seed script's; the log's throughput is the ceiling step 3 is compared with;
 # 3. redis_benchmark: each of our scripts with 64 checks in flight over 100,000 keys: throughput,
-#    p50/p99 latency, server time per call, Redis memory per key;
+#    p50/p99 latency, server time per call, Redis memory per key; then the same with every check
+#    its own call (--max-batch 1), and the batched throughput beside both that and step 2's;
 # 4. when valgrind is installed, step 2's calls again on a redis-server under callgrind: the
 #    instructions per call, a figure this shared machine's load does not move;
 # 5. then, on another redis-server under callgrind counting all it does (reading calls and writing
@@ -118,6 +119,7 @@ one_check() {
     tr '\r' '\n' | grep -v '^$' | tail -1 | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
   us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
   [ -n "$seed_us" ] || seed_us=$us
+  echo "$name $rps" >>"$dir/ceilings"
   printf '   %-24s %10s calls/s  %6s µs per call  %5.2f × the seed script\n' "$name" "$rps" "$us" \
     "$(ratio "$us" "$seed_us")"
 }
@@ -125,7 +127,15 @@ each_call "$port" one_check
 cli FLUSHALL >/dev/null
 
 echo "== sluice redis backend: 64 checks in flight, 100,000 keys, $checks checks per script"
-"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks"
+"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" | tee "$dir/batched"
+echo "== the same, every check its own call (--max-batch 1)"
+"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" --max-batch 1 | tee "$dir/alone"
+echo "== checks/s batched, beside every check its own call and beside redis-benchmark's one-check ceiling (step 2)"
+awk 'FILENAME ~ /ceilings$/ { ceiling[$1] = $2; next }
+     FILENAME ~ /alone$/ && FNR > 1 { alone[$1] = $2; next }
+     FILENAME ~ /batched$/ && FNR > 1 && ($1 in ceiling) {
+       printf "   %-24s %8d batched  %5.2f × one check a call  %5.2f × redis-benchmark\n", $1, $2, $2 / alone[$1], $2 / ceiling[$1]
+     }' "$dir/ceilings" "$dir/alone" "$dir/batched"
 
 # 4. The same one-check calls under callgrind: the instructions Redis runs inside EVALSHA per call
 # (3,000 calls over 2,000 keys each), which this noisy machine does not move.
@@ -173,20 +183,23 @@ cleanup() {
 for _ in $(seq 1 300); do redis-cli -p "$wport" PING >/dev/null 2>&1 && break; sleep 0.1; done
 echo "== the whole redis-server under callgrind: instructions per check, one check a call and batched"
 whole_dumps=0
-whole_since_zero() {
+# Dumps the instructions counted since the last zeroing into $whole_ir.
+whole_dump() {
   callgrind_control -d "$wpid" >/dev/null 2>&1
   whole_dumps=$((whole_dumps + 1))
-  sed -n 's/^summary: //p' "$dir/whole.out.$whole_dumps"
+  whole_ir=$(sed -n 's/^summary: //p' "$dir/whole.out.$whole_dumps")
 }
 alone_and_batched() {
   local name=$1 sha=$2 alone batched; shift 2
   case $name in seed | TIME*) return ;; esac
   callgrind_control -z "$wpid" >/dev/null 2>&1
   redis-benchmark -p "$wport" -c 4 -P 16 -n 3000 -r 2000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
-  alone=$(($(whole_since_zero) / 3000))
+  whole_dump
+  alone=$((whole_ir / 3000))
   callgrind_control -z "$wpid" >/dev/null 2>&1
   "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 2000 --checks 6000 --only "$name" >/dev/null
-  batched=$(($(whole_since_zero) / 8000))
+  whole_dump
+  batched=$((whole_ir / 8000))
   printf '   %-24s %8d alone  %8d batched  %5.2f × alone\n' "$name" "$alone" "$batched" "$(ratio "$batched" "$alone")"
 }
 each_call "$wport" alone_and_batched

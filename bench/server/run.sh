@@ -5,8 +5,9 @@
 #   1. sluiced, memory backend: POST /v1/check {"rule":"bench","key":"user:N"}
 #   2. nginx: limit_req keyed on the X-User-Id header over the same ids, serving a small static
 #      file (limit_req does not apply to a location that answers with `return`)
-#   3. sluiced, Redis backend (when redis-server is installed), on a sliding-window-log rule: the
-#      same script whose ceiling bench/redis/run.sh measures with redis-benchmark
+#   3. sluiced, Redis backend (when redis-server is installed), on a sliding-window-log rule, then
+#      that script's ceiling on the same redis-server: redis-benchmark -c 50 -P 16, one check a
+#      call, as bench/redis/run.sh measures it (SCRIPT_TOOL: build/bench/redis_benchmark)
 # and prints requests/s and p99 latency of each, plus sluiced's share of nginx's requests/s.
 #
 #   bench/server/run.sh [SLUICED]          # default: build/src/server/sluiced (a Release build)
@@ -15,6 +16,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 sluiced="${1:-$root/build/src/server/sluiced}"
+script_tool="${SCRIPT_TOOL:-$root/build/bench/redis_benchmark}"  # prints the scripts (the Redis ceiling)
 duration="${DURATION:-10s}"
 connections="${CONNECTIONS:-64}"
 wrk_threads="${WRK_THREADS:-2}"
@@ -129,6 +131,16 @@ TOML
     if curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_fail_open_total [1-9]'; then
       echo "warning: some Redis checks failed open during the run" >&2
     fi
+    kill "${pids[-1]}"; wait "${pids[-1]}" || true
+    # The ceiling: the same script one check a call from redis-benchmark (as bench/redis/run.sh
+    # measures it) on the same redis-server: 1,000 per 60 s in the script's hex arguments.
+    if [ -x "$script_tool" ]; then
+      sha="$(redis-cli -p "$rport" SCRIPT LOAD "$("$script_tool" --script-body sliding_window_log)")"
+      redis-cli -p "$rport" FLUSHALL >/dev/null
+      ceiling="$(redis-benchmark -p "$rport" -c 50 -P 16 -n 300000 -r 100000 -q EVALSHA "$sha" 1 \
+        "ceiling:__rand_int__" - 1 3e8 3938700 0 ffffffffffffffff | tr '\r' '\n' | grep -v '^$' | tail -1 |
+        sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')"
+    fi
   fi
 fi
 
@@ -142,3 +154,7 @@ done
 mem_rps="$(cut -d'|' -f2 <<<"${results[0]}")"
 nginx_rps="$(cut -d'|' -f2 <<<"${results[1]}")"
 awk -v a="$mem_rps" -v b="$nginx_rps" 'BEGIN { printf "sluiced (memory) / nginx: %.0f%% of nginx requests/s (target >= 80%%)\n", 100 * a / b }'
+if [ -n "${ceiling:-}" ]; then
+  redis_rps="$(cut -d'|' -f2 <<<"${results[2]}")"
+  awk -v a="$redis_rps" -v b="$ceiling" 'BEGIN { printf "sluiced (redis) / redis-benchmark one-check ceiling of the same script (%.0f calls/s): %.2f (target >= 0.9)\n", b, a / b }'
+fi
