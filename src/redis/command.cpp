@@ -353,6 +353,8 @@ result<lease_reply> parse_lease_reply(const prepared_script& p, bool leased_alon
   return out;
 }
 
+namespace {
+
 // Past the bulk string at `at` of a RESP text this file wrote ($len CRLF bytes CRLF).
 std::size_t past_bulk(std::string_view text, std::size_t at) {
   const std::size_t crlf = text.find('\r', at);
@@ -360,6 +362,8 @@ std::size_t past_bulk(std::string_view text, std::size_t at) {
   std::from_chars(text.data() + at + 1, text.data() + crlf, len);
   return crlf + 2 + len + 2;
 }
+
+}  // namespace
 
 std::size_t batch_builder::set_of(std::size_t kind, std::string_view params, std::size_t count) {
   for (std::size_t i = 0; i < set_spans.size(); ++i) {
@@ -435,6 +439,8 @@ command all_command(const std::vector<command>& checks, const std::vector<std::s
   return cmd;
 }
 
+namespace {
+
 // The whole number in the little-endian double at `p`, as Redis casts a script's number to an
 // integer reply; nullopt for NaN, infinities and what no long long holds.
 std::optional<long long> packed_value(const char* p) {
@@ -444,6 +450,8 @@ std::optional<long long> packed_value(const char* p) {
   if (!(d > -9.2e18 && d < 9.2e18)) return std::nullopt;
   return static_cast<long long>(d);
 }
+
+}  // namespace
 
 result<std::vector<decision>> parse_batch_reply(const std::vector<const prepared_script*>& checks,
                                                 const redisReply& r) {

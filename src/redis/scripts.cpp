@@ -336,8 +336,8 @@ end
 // and cost, or 0 for a check_all's group followed by its number of checks, whether to record, and
 // its checks' five each. A rule's parameters go once a call, however many of its checks are in it.
 // KEYS hold the checks' keys in order. The reply is {values, now}: values packs (packed()) each
-// check's values as its own script returns them, without `now`, one after another. On a cluster its keys share one slot (Redis
-// refuses others with CROSSSLOT), as a dual-layer check's two do.
+// check's values as its own script returns them, without `now`, one after another. On a cluster
+// its keys share one slot (Redis refuses others with CROSSSLOT), as a dual-layer check's two do.
 constexpr std::string_view batch_main = R"lua(
 local sets, a = {}, 4
 for s = 1, tonumber(ARGV[3], 16) do
@@ -390,13 +390,13 @@ return {packed(out, 4 * n), now}
 // unit) and, when it admits, records up to `want` units (at least the cost; at most what fits) and
 // replies {1, remaining, 0, reset µs, units, token, valid µs}: remaining after the lease less the
 // check's own cost (what an exact check reports, plus the lease's units left), the units leased,
-// what a give-back compares (a token bucket's value; a window's index, packed as its value holds it), and for how long the units
-// may be used (a window: until it ends; a token bucket: until the last unit's slot ends, within
-// 1 µs, rounded down). A refusal replies the algorithm's four values, then 0, '', 0.
-// A token-bucket lease holds the bucket's timeline until `hold` ns from now when that is further
-// than its units reach: unit j of n may be used until its slot ends, n - j intervals before the
-// last one's, and a lease used evenly over its period never outruns them (extra slots before the
-// units are spent without being used, up to the hold; what cannot fit is not taken).
+// what a give-back compares (a token bucket's value; a window's index, packed as its value holds
+// it), and for how long the units may be used (a window: until it ends; a token bucket: until the
+// last unit's slot ends, within 1 µs, rounded down). A refusal replies the algorithm's four values,
+// then 0, '', 0. A token-bucket lease holds the bucket's timeline until `hold` ns from now when that
+// is further than its units reach: unit j of n may be used until its slot ends, n - j intervals
+// before the last one's, and a lease used evenly over its period never outruns them (extra slots
+// before the units are spent without being used, up to the hold; what cannot fit is not taken).
 constexpr std::string_view lease_lua = R"lua(
 local leasable = {token_bucket, nil, sliding_window_counter, fixed_window}
 local function lease(key, alg, cost, want, p1, p2, p3, hold)
