@@ -196,6 +196,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const std::string_view labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
+                                     "dual_layer (2 logs)"};
+  if (!o.only.empty() && std::find(std::begin(labels), std::end(labels), o.only) == std::end(labels)) {
+    std::fprintf(stderr, "--only: no script named %s\n", o.only.c_str());
+    return 2;
+  }
   if (o.inflight < 1 || o.keys < 1 || o.checks < o.keys) {
     std::fprintf(stderr, "need inflight >= 1, keys >= 1, checks >= keys\n");
     return 2;
@@ -239,8 +245,6 @@ int main(int argc, char** argv) {
        .limit = sluice::sliding_window_policy(100, 60s),
        .tenant = sluice::sliding_window_policy(1'000'000, 60s)},
   };
-  const char* labels[] = {"token_bucket", "sliding_window_log", "sliding_window_counter", "fixed_window",
-                          "dual_layer (2 logs)"};
   std::printf("%-24s %12s %10s %10s %12s %18s %12s %14s %12s %9s\n", "script", "checks/s", "p50 us", "p99 us",
               "client cpu us", "usec_per_call", "checks/call", "server cpu us", "bytes/key", "failed");
   for (std::size_t n = 0; n < std::size(rules); ++n) {
@@ -271,7 +275,7 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "%s%.2f", usec.empty() ? "" : "/", evalsha_usec_per_call(c));
       usec += buf;
     }
-    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.1f %14.2f %12.0f %9ld\n", labels[n], res.per_second,
+    std::printf("%-24s %12.0f %10.0f %10.0f %12.2f %18s %12.1f %14.2f %12.0f %9ld\n", labels[n].data(), res.per_second,
                 res.p50_us, res.p99_us, res.cpu_us, usec.c_str(), per_call,
                 server_cpu * 1e6 / static_cast<double>(o.checks),
                 static_cast<double>(after - before) / static_cast<double>(keys.size()), res.failed);

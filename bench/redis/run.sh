@@ -14,7 +14,7 @@
 # 4. when valgrind is installed, step 2's calls again on a redis-server under callgrind: the
 #    instructions per call, a figure this shared machine's load does not move;
 # 5. then, on another redis-server under callgrind counting all it does (reading calls and writing
-#    replies too), each of our scripts one check a call beside the same checks batched by
+#    replies too), each of our scripts one check a call beside the same work batched by
 #    redis_benchmark: what batching saves Redis per check;
 # then stops those redis-servers (by their PIDs). Every loop is bounded.
 set -euo pipefail
@@ -111,10 +111,14 @@ echo "== redis-server $(redis-server --version | sed -n 's/.*v=\([^ ]*\).*/\1/p'
 echo "== one check a call: redis-benchmark -c 50 -P 16, EVALSHA, 100,000 keys, $checks calls each"
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 
-# Prints a script's calls/s, its server µs per call and that as a ratio to the seed script's.
+# Prints a script's calls/s, its server µs per call and that as a ratio to the seed script's. A
+# warm-up of as many calls first, so that most keys exist, as they do when step 3 measures (after a
+# check of every key).
 seed_us=
 one_check() {
   local name=$1 sha=$2 rps us; shift 2
+  redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  cli CONFIG RESETSTAT >/dev/null
   rps=$(redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" |
     tr '\r' '\n' | grep -v '^$' | tail -1 | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
   us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
@@ -169,7 +173,8 @@ instructions() {
 each_call "$vport" instructions
 
 # 5. All the instructions of a redis-server (its reading of calls and writing of replies too), per
-# check: one check a call beside batches (redis_benchmark, 64 in flight, 2,000 keys: 8,000 checks).
+# check, one check a call beside batches, on the same work: 10,000 checks over 1,000 keys (one in
+# ten makes its key). The scripts are loaded first, so that neither count holds their compiling.
 wport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 valgrind --tool=callgrind --callgrind-out-file="$dir/whole.out" \
   redis-server --port "$wport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
@@ -181,6 +186,7 @@ cleanup() {
   rm -rf "$dir"
 }
 for _ in $(seq 1 300); do redis-cli -p "$wport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+"$bench" --address "127.0.0.1:$wport" --keys 1 --checks 1 --only token_bucket >/dev/null  # loads every script
 echo "== the whole redis-server under callgrind: instructions per check, one check a call and batched"
 whole_dumps=0
 # Dumps the instructions counted since the last zeroing into $whole_ir.
@@ -190,16 +196,19 @@ whole_dump() {
   whole_ir=$(sed -n 's/^summary: //p' "$dir/whole.out.$whole_dumps")
 }
 alone_and_batched() {
-  local name=$1 sha=$2 alone batched; shift 2
+  local name=$1 sha=$2 alone batched failed; shift 2
   case $name in seed | TIME*) return ;; esac
   callgrind_control -z "$wpid" >/dev/null 2>&1
-  redis-benchmark -p "$wport" -c 4 -P 16 -n 3000 -r 2000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  redis-benchmark -p "$wport" -c 4 -P 16 -n 10000 -r 1000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
   whole_dump
-  alone=$((whole_ir / 3000))
+  alone=$((whole_ir / 10000))
+  redis-cli -p "$wport" FLUSHALL >/dev/null
   callgrind_control -z "$wpid" >/dev/null 2>&1
-  "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 2000 --checks 6000 --only "$name" >/dev/null
+  "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 1000 --checks 9000 --only "$name" >"$dir/whole-batched"
   whole_dump
-  batched=$((whole_ir / 8000))
+  batched=$((whole_ir / 10000))
+  failed=$(awk 'NR == 2 { print $NF }' "$dir/whole-batched")
+  [ "$failed" = 0 ] || { echo "run.sh: $failed checks failed under callgrind" >&2; exit 1; }
   printf '   %-24s %8d alone  %8d batched  %5.2f × alone\n' "$name" "$alone" "$batched" "$(ratio "$batched" "$alone")"
 }
 each_call "$wport" alone_and_batched

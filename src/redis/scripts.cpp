@@ -59,9 +59,9 @@ struct algorithm_lua {
 // under ~104 days. The key must live until the bucket is full again (TAT); setting its TTL on every
 // write costs Redis as much as the rest of the script, so a write that moves the TTL sets it to
 // twice the debt, and later writes within that keep it: a key outlives its refill by at most as long
-// again, and a busy key's TTL is set about once per burst. A write that keeps the TTL overwrites the
-// value in place (SETRANGE 0 of a value as long: the TTL stays, and Redis does less than for a SET
-// with KEEPTTL); the key exists, as its value was just read.
+// again, and a busy key's TTL is set about once per burst. A check's write that keeps the TTL
+// overwrites the value in place (SETRANGE 0 of a value as long: the TTL stays, and Redis does less
+// than for a SET with KEEPTTL); the key exists, as its value was just read.
 // p1 = interval ns (0: infinite rate; else >= 1000, see redis_backend.hpp), p2 = tolerance ns
 // (burst × interval), p3 = burst. An unreadable value counts as a full bucket. Read under another
 // interval or tolerance (a rule's limits changed), the tokens the bucket holds carry over, capped by
@@ -334,7 +334,8 @@ end
 // each its kind — an algorithm's index for one key; 4 + tenant index × 4 + user index for a
 // dual-layer pair of keys — and its parameters (three per key); then per check its set (1-based)
 // and cost, or 0 for a check_all's group followed by its number of checks, whether to record, and
-// its checks' five each. A rule's parameters go once a call, however many of its checks are in it.
+// its checks' five each. A rule's parameters go once a call, however many of its checks are in it
+// (but for a group's checks).
 // KEYS hold the checks' keys in order. The reply is {values, now}: values packs (packed()) each
 // check's values as its own script returns them, without `now`, one after another. On a cluster
 // its keys share one slot (Redis refuses others with CROSSSLOT), as a dual-layer check's two do.

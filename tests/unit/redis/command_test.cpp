@@ -3,7 +3,6 @@
 // long arrays, huge and negative integers) — built by hand as hiredis would hand them over.
 #include "redis/command.hpp"
 
-#include <bit>
 #include <gtest/gtest.h>
 #include <hiredis/hiredis.h>
 
@@ -437,6 +436,50 @@ TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachRulesParametersOnceThenEachChec
                                                             "1",
                                                             "1",
                                                             "1"}));
+}
+
+TEST(BatchBuilder, ADualLayerRulesSetIsSharedAndACheckAllGroupIsMarkedZero) {
+  const rule dual{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
+  const rule one{.name = "api", .limit = fixed_window_policy(3, 1min)};
+  const prepared_script pd = prepared(dual);
+  const prepared_script p1 = prepared(one);
+  batch_builder b;
+  b.add(evalsha_command(pd, dual, {.rule = &dual, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), pd.script, 2);
+  const command group =
+      all_command({evalsha_command(p1, one, {.rule = &one, .key = "k"}, "sluice:", -1, -1)}, {p1.script}, true);
+  b.add_group(group, 1);
+  b.add(evalsha_command(pd, dual, {.rule = &dual, .tenant = "acme", .user = "eve", .cost = 3}, "sluice:", -1, -1),
+        pd.script, 2);
+  EXPECT_EQ(decode(b.text(-1)), (std::vector<std::string>{"EVALSHA",
+                                                          scripts()[batch_script].sha1,
+                                                          "5",
+                                                          tenant_key("sluice:", "d", "acme", "fw2.60000000"),
+                                                          user_key("sluice:", "d", "acme", "bob", "fw2.60000000"),
+                                                          single_key("sluice:", "api", "k", "fw2.60000000"),
+                                                          tenant_key("sluice:", "d", "acme", "fw2.60000000"),
+                                                          user_key("sluice:", "d", "acme", "eve", "fw2.60000000"),
+                                                          "-",
+                                                          "ffffffffffffffff",
+                                                          "1",  // one parameter set: the dual-layer rule's
+                                                          hex(static_cast<long long>(pd.script)),
+                                                          "a",
+                                                          hex(60'000'000),
+                                                          "0",
+                                                          "3",
+                                                          hex(60'000'000),
+                                                          "0",
+                                                          "1",  // bob: set 1, cost 1
+                                                          "1",
+                                                          "0",  // the group: one check, recording, then its five
+                                                          "1",
+                                                          "1",
+                                                          hex(static_cast<long long>(p1.script)),
+                                                          "1",
+                                                          "3",
+                                                          hex(60'000'000),
+                                                          "0",
+                                                          "1",  // eve: set 1, cost 3
+                                                          "3"}));
 }
 
 // The batch and all-or-nothing scripts' reply: {values as little-endian doubles, now}.
