@@ -1,5 +1,5 @@
 # Sourced by the bench/*/run.sh harnesses that start servers: a work directory, the PIDs of the
-# processes started (ended at exit, those only), a free loopback port, and a wait for HTTP.
+# processes started (ended at exit, those only), a free loopback port, and waits for HTTP and Redis.
 work="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -15,5 +15,13 @@ wait_http() {  # wait_http URL [SECONDS]: until it answers, at most SECONDS (10)
     sleep 0.05
   done
   echo "nothing answers at $1" >&2
+  return 1
+}
+wait_redis() {  # wait_redis PORT [SECONDS]: until a redis-server answers PING there, at most SECONDS (10)
+  for _ in $(seq 1 $((${2:-10} * 20))); do
+    redis-cli -p "$1" PING >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  echo "no redis-server answers on port $1" >&2
   return 1
 }

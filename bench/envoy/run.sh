@@ -78,7 +78,7 @@ if command -v redis-server >/dev/null; then
   rport="$(free_port)"
   redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
   pids+=($!)
-  sleep 0.2
+  wait_redis "$rport"
   measure redis "[backend]
 type = \"redis\"
 addresses = [\"127.0.0.1:$rport\"]
