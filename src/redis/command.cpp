@@ -84,15 +84,8 @@ void write_deadline(char* out, std::int64_t v) {
   for (std::size_t i = deadline_width; v > 0; v /= 16) out[--i] = digits[v % 16];
 }
 
-// A script call's start: *argc, EVALSHA, the script's sha, numkeys (`argc` counts every bulk
-// string, these four included). The keys come next.
-void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t numkeys) {
-  std::string& c = cmd.text;
-  c += '*';
-  c += std::to_string(argc);
-  c += "\r\n";
-  cmd.header = c.size();
-  // EVALSHA and the script's hash, formatted once per script.
+// The bulk strings EVALSHA and the script's hash, formatted once per script.
+const std::string& evalsha_head(std::size_t script) {
   static const std::array<std::string, script_count> heads = [] {
     std::array<std::string, script_count> out;
     for (std::size_t i = 0; i < script_count; ++i) {
@@ -101,7 +94,18 @@ void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t 
     }
     return out;
   }();
-  c += heads[script];
+  return heads[script];
+}
+
+// A script call's start: *argc, EVALSHA, the script's sha, numkeys (`argc` counts every bulk
+// string, these four included). The keys come next.
+void begin_call(command& cmd, std::size_t script, std::size_t argc, std::size_t numkeys) {
+  std::string& c = cmd.text;
+  c += '*';
+  c += std::to_string(argc);
+  c += "\r\n";
+  cmd.header = c.size();
+  c += evalsha_head(script);
   cmd.rest = c.size();
   bulk(c, numkeys);
   cmd.keys_at = c.size();
@@ -408,8 +412,7 @@ std::string batch_builder::text(std::int64_t deadline_us) const {
   out += '*';
   out += std::to_string(3 + numkeys + 3 + sets_argc + argc);
   out += "\r\n";
-  bulk(out, "EVALSHA");
-  bulk(out, scripts()[batch_script].sha1);
+  out += evalsha_head(batch_script);
   bulk(out, numkeys);
   out += keys;
   out += now;
