@@ -24,17 +24,32 @@ bench=${1:-build/bench/redis_benchmark}
 checks=${CHECKS:-300000}
 [ -x "$bench" ] || { echo "run.sh: $bench not built (cmake --preset release; cmake --build build --target redis_benchmark)" >&2; exit 1; }
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-dir=$(mktemp -d /tmp/sluice-bench-redis-XXXXXX)
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
-  --logfile "$dir/redis.log" &
-pid=$!
-cleanup() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$dir"; }
-trap cleanup EXIT
+source bench/lib.sh  # work (a temporary directory), pids (ended at exit), free_port, wait_redis
 
+# start_redis PORT NAME [COMMAND...]: a redis-server of its own on 127.0.0.1:PORT, without
+# persistence, logging to $work/NAME.log, run by COMMAND (valgrind) when one is given; waits until
+# it answers.
+start_redis() {
+  local p=$1 name=$2
+  shift 2
+  "$@" redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --daemonize no \
+    --logfile "$work/$name.log" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_redis "$p" 30
+}
+
+# evalsha_calls PORT CLIENTS CALLS KEYS NAME SHA ARGS...: redis-benchmark sending CALLS EVALSHA of
+# SHA on the keys NAME:0..KEYS-1, 16 pipelined per client; prints its summary line.
+evalsha_calls() {
+  local p=$1 clients=$2 calls=$3 keys=$4 name=$5 sha=$6
+  shift 6
+  redis-benchmark -p "$p" -c "$clients" -P 16 -n "$calls" -r "$keys" -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" |
+    tr '\r' '\n' | grep -v '^$' | tail -1
+}
+
+port=$(free_port)
+start_redis "$port" redis
 cli() { redis-cli -p "$port" "$@"; }
-for _ in $(seq 1 100); do cli PING >/dev/null 2>&1 && break; sleep 0.05; done
-cli PING >/dev/null
 
 # The seed note's script, verbatim (ARGV: now, window, limit, member).
 seed=$(cat <<'LUA'
@@ -117,13 +132,13 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 seed_us=
 one_check() {
   local name=$1 sha=$2 rps us; shift 2
-  redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  evalsha_calls "$port" 50 "$checks" 100000 "$name" "$sha" "$@" >/dev/null
   cli CONFIG RESETSTAT >/dev/null
-  rps=$(redis-benchmark -p "$port" -c 50 -P 16 -n "$checks" -r 100000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" |
-    tr '\r' '\n' | grep -v '^$' | tail -1 | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
+  rps=$(evalsha_calls "$port" 50 "$checks" 100000 "$name" "$sha" "$@" |
+    sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
   us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
   [ -n "$seed_us" ] || seed_us=$us
-  echo "$name $rps" >>"$dir/ceilings"
+  echo "$name $rps" >>"$work/ceilings"
   printf '   %-24s %10s calls/s  %6s µs per call  %5.2f × the seed script\n' "$name" "$rps" "$us" \
     "$(ratio "$us" "$seed_us")"
 }
@@ -131,41 +146,33 @@ each_call "$port" one_check
 cli FLUSHALL >/dev/null
 
 echo "== sluice redis backend: 64 checks in flight, 100,000 keys, $checks checks per script"
-"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" | tee "$dir/batched"
+"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" | tee "$work/batched"
 echo "== the same, every check its own call (--max-batch 1)"
-"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" --max-batch 1 | tee "$dir/alone"
+"$bench" --address "127.0.0.1:$port" --inflight 64 --keys 100000 --checks "$checks" --max-batch 1 | tee "$work/alone"
 echo "== checks/s batched, beside every check its own call and beside redis-benchmark's one-check ceiling (step 2)"
 awk 'FILENAME ~ /ceilings$/ { ceiling[$1] = $2; next }
      FILENAME ~ /alone$/ && FNR > 1 { alone[$1] = $2; next }
      FILENAME ~ /batched$/ && FNR > 1 && ($1 in ceiling) {
        printf "   %-24s %8d batched  %5.2f × one check a call  %5.2f × redis-benchmark\n", $1, $2, $2 / alone[$1], $2 / ceiling[$1]
-     }' "$dir/ceilings" "$dir/alone" "$dir/batched"
+     }' "$work/ceilings" "$work/alone" "$work/batched"
 
 # 4. The same one-check calls under callgrind: the instructions Redis runs inside EVALSHA per call
 # (3,000 calls over 2,000 keys each), which this noisy machine does not move.
 command -v valgrind >/dev/null || { echo "== (valgrind not installed: no instruction counts)"; exit 0; }
-vport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-valgrind --tool=callgrind --toggle-collect=evalShaCommand --callgrind-out-file="$dir/cg.out" \
-  redis-server --port "$vport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
-  --logfile "$dir/valgrind-redis.log" >/dev/null 2>&1 &
-vpid=$!
-cleanup() {
-  kill "$pid" "$vpid" 2>/dev/null || true
-  wait "$pid" "$vpid" 2>/dev/null || true
-  rm -rf "$dir"
-}
-for _ in $(seq 1 300); do redis-cli -p "$vport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+vport=$(free_port)
+start_redis "$vport" valgrind-redis valgrind --tool=callgrind --toggle-collect=evalShaCommand --callgrind-out-file="$work/cg.out"
+vpid=${pids[-1]}
 echo "== one check a call under callgrind: instructions inside EVALSHA per call, 3,000 calls over 2,000 keys"
 seed_ir=
 dumps=0
 instructions() {
   local name=$1 sha=$2 n ir; shift 2
   callgrind_control -z "$vpid" >/dev/null 2>&1
-  redis-benchmark -p "$vport" -c 4 -P 16 -n 3000 -r 2000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  evalsha_calls "$vport" 4 3000 2000 "$name" "$sha" "$@" >/dev/null
   n=$(redis-cli -p "$vport" INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
   callgrind_control -d "$vpid" >/dev/null 2>&1
   dumps=$((dumps + 1))
-  ir=$(sed -n 's/^summary: //p' "$dir/cg.out.$dumps")
+  ir=$(sed -n 's/^summary: //p' "$work/cg.out.$dumps")
   [ -n "$seed_ir" ] || seed_ir=$((ir / n))
   printf '   %-24s %8d instructions per call  %5.2f × the seed script\n' "$name" $((ir / n)) \
     "$(ratio $((ir / n)) "$seed_ir")"
@@ -175,17 +182,9 @@ each_call "$vport" instructions
 # 5. All the instructions of a redis-server (its reading of calls and writing of replies too), per
 # check, one check a call beside batches, on the same work: 10,000 checks over 1,000 keys (one in
 # ten makes its key). The scripts are loaded first, so that neither count holds their compiling.
-wport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-valgrind --tool=callgrind --callgrind-out-file="$dir/whole.out" \
-  redis-server --port "$wport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --daemonize no \
-  --logfile "$dir/whole-redis.log" >/dev/null 2>&1 &
-wpid=$!
-cleanup() {
-  kill "$pid" "$vpid" "$wpid" 2>/dev/null || true
-  wait "$pid" "$vpid" "$wpid" 2>/dev/null || true
-  rm -rf "$dir"
-}
-for _ in $(seq 1 300); do redis-cli -p "$wport" PING >/dev/null 2>&1 && break; sleep 0.1; done
+wport=$(free_port)
+start_redis "$wport" whole-redis valgrind --tool=callgrind --callgrind-out-file="$work/whole.out"
+wpid=${pids[-1]}
 "$bench" --address "127.0.0.1:$wport" --keys 1 --checks 1 --only token_bucket >/dev/null  # loads every script
 echo "== the whole redis-server under callgrind: instructions per check, one check a call and batched"
 whole_dumps=0
@@ -193,21 +192,21 @@ whole_dumps=0
 whole_dump() {
   callgrind_control -d "$wpid" >/dev/null 2>&1
   whole_dumps=$((whole_dumps + 1))
-  whole_ir=$(sed -n 's/^summary: //p' "$dir/whole.out.$whole_dumps")
+  whole_ir=$(sed -n 's/^summary: //p' "$work/whole.out.$whole_dumps")
 }
 alone_and_batched() {
   local name=$1 sha=$2 alone batched failed; shift 2
   case $name in seed | TIME*) return ;; esac
   callgrind_control -z "$wpid" >/dev/null 2>&1
-  redis-benchmark -p "$wport" -c 4 -P 16 -n 10000 -r 1000 -q EVALSHA "$sha" 1 "$name:__rand_int__" "$@" >/dev/null
+  evalsha_calls "$wport" 4 10000 1000 "$name" "$sha" "$@" >/dev/null
   whole_dump
   alone=$((whole_ir / 10000))
   redis-cli -p "$wport" FLUSHALL >/dev/null
   callgrind_control -z "$wpid" >/dev/null 2>&1
-  "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 1000 --checks 9000 --only "$name" >"$dir/whole-batched"
+  "$bench" --address "127.0.0.1:$wport" --inflight 64 --keys 1000 --checks 9000 --only "$name" >"$work/whole-batched"
   whole_dump
   batched=$((whole_ir / 10000))
-  failed=$(awk 'NR == 2 { print $NF }' "$dir/whole-batched")
+  failed=$(awk 'NR == 2 { print $NF }' "$work/whole-batched")
   [ "$failed" = 0 ] || { echo "run.sh: $failed checks failed under callgrind" >&2; exit 1; }
   printf '   %-24s %8d alone  %8d batched  %5.2f × alone\n' "$name" "$alone" "$batched" "$(ratio "$batched" "$alone")"
 }

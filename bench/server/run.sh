@@ -137,12 +137,12 @@ TOML
     if [ -x "$script_tool" ]; then
       sha="$(redis-cli -p "$rport" SCRIPT LOAD "$("$script_tool" --script-body sliding_window_log)")"
       redis-cli -p "$rport" FLUSHALL >/dev/null
-      # A warm-up of as many calls first: sluiced's run checked keys that existed, mostly.
-      redis-benchmark -p "$rport" -c 50 -P 16 -n 300000 -r 100000 -q EVALSHA "$sha" 1 \
-        "ceiling:__rand_int__" - 1 3e8 3938700 0 ffffffffffffffff >/dev/null
-      ceiling="$(redis-benchmark -p "$rport" -c 50 -P 16 -n 300000 -r 100000 -q EVALSHA "$sha" 1 \
-        "ceiling:__rand_int__" - 1 3e8 3938700 0 ffffffffffffffff | tr '\r' '\n' | grep -v '^$' | tail -1 |
-        sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')"
+      log_calls() {
+        redis-benchmark -p "$rport" -c 50 -P 16 -n 300000 -r 100000 -q EVALSHA "$sha" 1 "ceiling:__rand_int__" \
+          - 1 3e8 3938700 0 ffffffffffffffff | tr '\r' '\n' | grep -v '^$' | tail -1
+      }
+      log_calls >/dev/null  # a warm-up of as many calls first: sluiced's run checked keys that existed, mostly
+      ceiling="$(log_calls | sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')"
     fi
   fi
 fi
