@@ -195,6 +195,18 @@ void redis_core::async_check_all(std::span<const check_request> checks, const ba
                                  check_all_handler handler) {
   if (!handler) handler = [](result<std::vector<decision>>) {};
   if (auto v = validate_all(checks); !v) return handler(v.error());
+  if (checks.size() == 1 && !exceeds_capacity(checks[0])) {
+    // All or nothing over one check is that check: sent as one (never leased, as check_all is
+    // not), it goes in a batch as any other check, its rule's parameters shared.
+    std::shared_ptr<const redis_prepared_rule> made;
+    auto found = prepared_for(checks[0], owner, made);
+    if (!found) return handler(found.error());
+    checks_.fetch_add(1, std::memory_order_relaxed);
+    return send_check(checks[0], *found, std::move(made), [h = std::move(handler)](result<decision> r) {
+      if (!r) return h(r.error());
+      h(std::vector<decision>{*r});
+    });
+  }
   auto call = std::make_shared<all_call>();
   call->reqs.assign(checks.begin(), checks.end());
   call->handler = std::move(handler);

@@ -100,6 +100,19 @@ inline void expect_check_all_semantics(backend& b, simulated_clock& clock) {
   EXPECT_EQ(u[0].remaining, 1);
   EXPECT_EQ(u[1].remaining, 2);
 
+  // One check alone decides as that check, but a cost no wait admits is a refusal, not an error,
+  // and takes nothing.
+  std::vector<check_request> alone{{.rule = &bucket, .key = "alone", .cost = 4, .prepared = tb.get()}};
+  auto over = b.check_all(alone).value();
+  EXPECT_FALSE(over[0].allowed);
+  EXPECT_EQ(over[0].retry_after, never);
+  EXPECT_EQ(over[0].remaining, 3);
+  alone[0].cost = 1;
+  auto admitted = b.check_all(alone).value();
+  EXPECT_TRUE(admitted[0].allowed);
+  EXPECT_EQ(admitted[0].remaining, 2);
+  EXPECT_EQ(admitted[0].limit, 3);
+
   // Asynchronously, the same.
   std::vector<check_request> async{{.rule = &window, .key = "async", .prepared = fw.get()}};
   std::promise<result<std::vector<decision>>> done;
