@@ -112,6 +112,7 @@ inline void expect_check_all_semantics(backend& b, simulated_clock& clock) {
   EXPECT_TRUE(admitted[0].allowed);
   EXPECT_EQ(admitted[0].remaining, 2);
   EXPECT_EQ(admitted[0].limit, 3);
+  EXPECT_EQ(b.check_all(alone).value()[0].remaining, 1) << "the admitted check was recorded";
 
   // Asynchronously, the same.
   std::vector<check_request> async{{.rule = &window, .key = "async", .prepared = fw.get()}};
