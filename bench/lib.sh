@@ -1,5 +1,6 @@
 # Sourced by the bench/*/run.sh harnesses that start servers: a work directory, the PIDs of the
-# processes started (ended at exit, those only), a free loopback port, and waits for HTTP and Redis.
+# processes started (ended at exit, those only), a free loopback port, waits for HTTP and Redis, and
+# a redis-server of the harness's own.
 work="$(mktemp -d)"
 pids=()
 cleanup() {
@@ -24,4 +25,15 @@ wait_redis() {  # wait_redis PORT [SECONDS]: until a redis-server answers PING t
   done
   echo "no redis-server answers on port $1" >&2
   return 1
+}
+# start_redis PORT NAME [COMMAND...]: a redis-server of its own on 127.0.0.1:PORT, without
+# persistence, logging to $work/NAME.log, run by COMMAND (valgrind) when one is given; waits until
+# it answers (10 s, or 30 under a COMMAND). Its PID is the last of `pids`.
+start_redis() {
+  local p=$1 name=$2
+  shift 2
+  "$@" redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --daemonize no \
+    --logfile "$work/$name.log" >/dev/null 2>&1 &
+  pids+=($!)
+  wait_redis "$p" $(($# > 0 ? 30 : 10))
 }

@@ -108,10 +108,8 @@ measure memory '[backend]
 type = "memory"'
 if command -v redis-server >/dev/null; then
   rport="$(free_port)"
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
-  pids+=($!)
-  redis_pid=$!
-  wait_redis "$rport"
+  start_redis "$rport" redis
+  redis_pid="${pids[-1]}"
   measure redis "[backend]
 type = \"redis\"
 addresses = [\"127.0.0.1:$rport\"]

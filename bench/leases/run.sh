@@ -22,9 +22,7 @@ done
 source "$here/../lib.sh"
 
 rport="$(free_port)"
-redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
-pids+=($!)
-for _ in $(seq 1 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+start_redis "$rport" redis
 
 rules() {  # rules MODE LEASE_LINE: MODE_hot and MODE_cold
   for kind in hot cold; do

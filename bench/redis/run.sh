@@ -24,19 +24,7 @@ bench=${1:-build/bench/redis_benchmark}
 checks=${CHECKS:-300000}
 [ -x "$bench" ] || { echo "run.sh: $bench not built (cmake --preset release; cmake --build build --target redis_benchmark)" >&2; exit 1; }
 
-source bench/lib.sh  # work (a temporary directory), pids (ended at exit), free_port, wait_redis
-
-# start_redis PORT NAME [COMMAND...]: a redis-server of its own on 127.0.0.1:PORT, without
-# persistence, logging to $work/NAME.log, run by COMMAND (valgrind) when one is given; waits until
-# it answers.
-start_redis() {
-  local p=$1 name=$2
-  shift 2
-  "$@" redis-server --port "$p" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" --daemonize no \
-    --logfile "$work/$name.log" >/dev/null 2>&1 &
-  pids+=($!)
-  wait_redis "$p" 30
-}
+source bench/lib.sh  # work (a temporary directory), pids (ended at exit), free_port, start_redis
 
 # evalsha_calls PORT CLIENTS CALLS KEYS NAME SHA ARGS...: redis-benchmark sending CALLS EVALSHA of
 # SHA on the keys NAME:0..KEYS-1, 16 pipelined per client; prints its summary line.

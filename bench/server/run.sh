@@ -107,9 +107,7 @@ kill "${pids[-1]}"; wait "${pids[-1]}" || true
 # --- 3. sluiced, Redis backend -----------------------------------------------------------------
 if command -v redis-server >/dev/null; then
   rport="$(free_port)"
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no --dir "$work" >/dev/null &
-  pids+=($!)
-  wait_redis "$rport"
+  start_redis "$rport" redis
   port="$(free_port)"
   cat >"$work/redis.toml" <<TOML
 [server]
