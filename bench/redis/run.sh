@@ -7,12 +7,14 @@
 # 2. one check a call: redis-benchmark -c 50 -P 16 running EVALSHA over 100,000 keys of the seed
 #    note's sliding-window script, of a script doing only TIME, and of each of sluice's four
 #    scripts (the rules of step 3), each with its server time per call (INFO commandstats) and its
-#    ratio to the seed script's; the log's throughput is the ceiling step 3 is compared with;
+#    ratio to the seed script's, and the log's beside the seed's plus TIME alone's; the log's
+#    throughput is the ceiling step 3 is compared with;
 # 3. redis_benchmark: each of our scripts with 64 checks in flight over 100,000 keys: throughput,
 #    p50/p99 latency, server time per call, Redis memory per key; then the same with every check
 #    its own call (--max-batch 1), and the batched throughput beside both that and step 2's;
 # 4. when valgrind is installed, step 2's calls again on a redis-server under callgrind: the
-#    instructions per call, a figure this shared machine's load does not move;
+#    instructions per call, a figure this shared machine's load does not move (the log's beside
+#    the seed's plus TIME alone's again);
 # 5. then, on another redis-server under callgrind counting all it does (reading calls and writing
 #    replies too), each of our scripts one check a call beside the same work batched by
 #    redis_benchmark: what batching saves Redis per check;
@@ -118,6 +120,16 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 # warm-up of as many calls first, so that most keys exist, as they do when step 3 measures (after a
 # check of every key).
 seed_us=
+# shellcheck disable=SC2034  # read through log_target's nameref
+declare -A us_of ir_of  # each script's server µs and instructions per call, for log_target
+# log_target ARRAY UNIT: the log script's cost per call beside the seed script's plus that of a
+# script doing only TIME (what reading Redis's clock costs a call), from this run.
+log_target() {
+  local -n of=$1
+  awk -v log_cost="${of[sliding_window_log]}" -v seed="${of[seed]}" -v t="${of[TIME alone]}" -v unit="$2" \
+    'BEGIN { printf "   sliding window log: %s %s per call beside the seed script + TIME alone: %s + %s = %s (%.2f ×)\n",
+                    log_cost, unit, seed, t, seed + t, log_cost / (seed + t) }'
+}
 one_check() {
   local name=$1 sha=$2 rps us; shift 2
   evalsha_calls "$port" 50 "$checks" 100000 "$name" "$sha" "$@" >/dev/null
@@ -126,11 +138,13 @@ one_check() {
     sed -n 's/.*: \([0-9.]*\) requests per second.*/\1/p')
   us=$(cli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:.*usec_per_call=\([0-9.]*\).*/\1/p')
   [ -n "$seed_us" ] || seed_us=$us
+  us_of[$name]=$us
   echo "$name $rps" >>"$work/ceilings"
   printf '   %-24s %10s calls/s  %6s µs per call  %5.2f × the seed script\n' "$name" "$rps" "$us" \
     "$(ratio "$us" "$seed_us")"
 }
 each_call "$port" one_check
+log_target us_of µs
 cli FLUSHALL >/dev/null
 
 echo "== sluice redis backend: 64 checks in flight, 100,000 keys, $checks checks per script"
@@ -162,10 +176,12 @@ instructions() {
   dumps=$((dumps + 1))
   ir=$(sed -n 's/^summary: //p' "$work/cg.out.$dumps")
   [ -n "$seed_ir" ] || seed_ir=$((ir / n))
+  ir_of[$name]=$((ir / n))
   printf '   %-24s %8d instructions per call  %5.2f × the seed script\n' "$name" $((ir / n)) \
     "$(ratio $((ir / n)) "$seed_ir")"
 }
 each_call "$vport" instructions
+log_target ir_of instructions
 
 # 5. All the instructions of a redis-server (its reading of calls and writing of replies too), per
 # check, one check a call beside batches, on the same work: 10,000 checks over 1,000 keys (one in
