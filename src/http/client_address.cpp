@@ -2,6 +2,7 @@
 #include "sluice/http/client_address.hpp"
 
 #include <arpa/inet.h>
+#include <endian.h>
 
 #include <algorithm>
 #include <cstring>
@@ -236,14 +237,25 @@ ip_address masked(ip_address a, int prefix) noexcept {
   return a;
 }
 
+namespace {
+
+// Bytes [at, at + 8) of an address as one number, the first byte the most significant.
+std::uint64_t word(const ip_address& a, std::size_t at) noexcept {
+  std::uint64_t w;
+  std::memcpy(&w, a.bytes.data() + at, sizeof w);
+  return be64toh(w);
+}
+
+// The first `bits` bits of a word (none for bits <= 0, all for bits >= 64).
+std::uint64_t first_bits(int bits) noexcept { return bits <= 0 ? 0 : ~std::uint64_t{0} << (64 - std::min(bits, 64)); }
+
+}  // namespace
+
 bool cidr::contains(const ip_address& a) const noexcept {
-  // Whole bytes first, then the bits of the last partial byte (`base` is already masked).
-  int whole = prefix / 8;
-  if (std::memcmp(a.bytes.data(), base.bytes.data(), static_cast<std::size_t>(whole)) != 0) return false;
-  int bits = prefix % 8;
-  if (bits == 0) return true;
-  auto m = static_cast<std::uint8_t>(0xff00u >> bits);
-  return (a.bytes[static_cast<std::size_t>(whole)] & m) == base.bytes[static_cast<std::size_t>(whole)];
+  // Two 64-bit words under the prefix's mask: this runs for the peer and for each proxy hop of every
+  // request, and a memcmp call cost more than the rest.
+  return ((word(a, 0) ^ word(base, 0)) & first_bits(prefix)) == 0 &&
+         ((word(a, 8) ^ word(base, 8)) & first_bits(prefix - 64)) == 0;
 }
 
 result<cidr> parse_cidr(std::string_view text) {

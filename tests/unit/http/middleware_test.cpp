@@ -234,6 +234,27 @@ TEST(ClientAddress, ParsesAndCanonicalises) {
   EXPECT_TRUE(parse_cidr("::/0")->contains(*parse_ip("8.8.8.8")));
   EXPECT_TRUE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.1")));
   EXPECT_FALSE(parse_cidr("127.0.0.1")->contains(*parse_ip("127.0.0.2")));
+  // Every prefix length, against a bit-by-bit reading of the definition, on addresses that share
+  // the block's first bits up to a random point.
+  for (int i = 0; i < 20000; ++i) {
+    ip_address base, a;
+    for (auto& b : base.bytes) b = static_cast<std::uint8_t>(rng());
+    const int prefix = static_cast<int>(rng() % 129), same = static_cast<int>(rng() % 129);
+    const cidr block{masked(base, prefix), prefix};
+    for (int bit = 0; bit < 128; ++bit) {
+      const auto byte = static_cast<std::size_t>(bit / 8);
+      const auto mask = static_cast<std::uint8_t>(0x80 >> (bit % 8));
+      const bool one = bit < same ? (block.base.bytes[byte] & mask) != 0 : (rng() & 1) != 0;
+      if (one) a.bytes[byte] = static_cast<std::uint8_t>(a.bytes[byte] | mask);
+    }
+    bool want = true;
+    for (int bit = 0; bit < prefix; ++bit) {
+      const auto byte = static_cast<std::size_t>(bit / 8);
+      const auto mask = static_cast<std::uint8_t>(0x80 >> (bit % 8));
+      if ((a.bytes[byte] & mask) != (block.base.bytes[byte] & mask)) want = false;
+    }
+    ASSERT_EQ(block.contains(a), want) << to_string(block.base) << "/" << prefix << " " << to_string(a);
+  }
   for (const char* bad :
        {"", "/8", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "10.0.0.0/33", "::/129", "10.0.0.0/0008"}) {
     EXPECT_FALSE(parse_cidr(bad).ok()) << bad;
