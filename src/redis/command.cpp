@@ -8,6 +8,7 @@
 #include <charconv>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "redis/exactness.hpp"
 #include "redis/keys.hpp"
@@ -495,5 +496,45 @@ std::int64_t parse_time_reply(const redisReply& r) noexcept {
   }
   return sec * 1'000'000 + usec;
 }
+
+namespace {
+
+// hiredis's own reply functions but for arrays, which are bounded first: made once from the first
+// reader's (every reader starts with hiredis's defaults), never changed after.
+struct bounded_functions {
+  redisReplyObjectFunctions fn;
+  void* (*create_array)(const redisReadTask*, int);
+};
+
+void* create_bounded_array(const redisReadTask* task, int elements);
+
+bounded_functions& bounded(const redisReplyObjectFunctions& defaults) {
+  static bounded_functions made = [&] {
+    bounded_functions b{defaults, defaults.createArray};
+    b.fn.createArray = &create_bounded_array;
+    return b;
+  }();
+  return made;
+}
+
+thread_local long long refused_array = 0;
+
+void* create_bounded_array(const redisReadTask* task, int elements) {
+  if (elements > max_reply_array) {
+    refused_array = elements;
+    return nullptr;
+  }
+  // Only a reader bound_reply_arrays() set up calls this, so `bounded` is made already.
+  return bounded({}).create_array(task, elements);
+}
+
+}  // namespace
+
+void bound_reply_arrays(redisReader& reader) noexcept {
+  bounded_functions& b = bounded(*reader.fn);
+  reader.fn = &b.fn;
+}
+
+long long take_refused_array() noexcept { return std::exchange(refused_array, 0); }
 
 }  // namespace sluice::detail

@@ -30,7 +30,8 @@
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
 
-struct redisReply;  // <hiredis/hiredis.h>
+struct redisReply;   // <hiredis/hiredis.h>
+struct redisReader;  // <hiredis/read.h>
 
 namespace sluice::detail {
 
@@ -184,5 +185,18 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r);
 
 /// TIME's reply {seconds, microseconds} (two decimal strings) in µs, or -1 when malformed.
 std::int64_t parse_time_reply(const redisReply& r) noexcept;
+
+/// The most elements an array in a reply may hold. CLUSTER SLOTS, with at most one range per slot,
+/// is the longest reply the backend gets. hiredis allocates an array's elements when it reads the
+/// header, so a hostile server's "*2000000000" would otherwise allocate 16 GB.
+inline constexpr int max_reply_array = 1 << 16;
+
+/// Makes `reader` refuse an array of more than max_reply_array elements: it fails as out of
+/// memory, and its connection drops. Everything else is read as before.
+void bound_reply_arrays(redisReader& reader) noexcept;
+
+/// The size of the array a bounded reader refused last on this thread (0: none since the last
+/// call), which tells a connection lost "out of memory" why.
+long long take_refused_array() noexcept;
 
 }  // namespace sluice::detail

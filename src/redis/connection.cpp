@@ -81,6 +81,7 @@ void connection::connect_to(const std::string& host) {
     redisAsyncFree(ac);
     return lost(why);
   }
+  bound_reply_arrays(*ac->c.reader);
   ac->data = this;
   attach(ac, strand_);
   redisAsyncSetConnectCallback(ac, &connection::on_connect);
@@ -170,6 +171,10 @@ void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
   auto* self = static_cast<connection*>(ac->data);
   if (ac != self->ac_) return;  // we dropped it ourselves
   self->ac_ = nullptr;
+  if (const long long n = take_refused_array()) {
+    return self->lost("connection to " + self->address_ + " dropped: a reply held an array of " + std::to_string(n) +
+                      " elements, more than " + std::to_string(max_reply_array));
+  }
   self->lost("connection to " + self->address_ + " lost" +
              (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
 }

@@ -1,10 +1,17 @@
 // The Redis backend when Redis fails: killed under load, restarted, too slow (DEBUG SLEEP), down at
 // start-up, flooded. Decisions follow on_error within the command timeout, the circuit breaker stops
-// paying the timeout, the backend reconnects by itself, waiting checks stay bounded.
+// paying the timeout, the backend reconnects by itself, waiting checks stay bounded; a server that
+// answers with garbage drops its connection.
 //
 // These tests measure elapsed time against the command timeout because that bound is the contract
 // under test; the margins are wide enough for sanitizer builds on a loaded machine.
 #include "sluice/redis_backend.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -185,6 +192,121 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
 
 // Over maxmemory every script is refused whole (none writes a byte), readiness goes false, and it
 // comes back by itself once memory is free, with no check needed to find out.
+// Not Redis: on 127.0.0.1, it answers every command of the handshake +OK (PING +PONG), then every
+// script call with `hostile`. Reads RESP commands just well enough for that; serves one connection
+// at a time until destroyed.
+class hostile_server {
+ public:
+  explicit hostile_server(std::string hostile) : hostile_(std::move(hostile)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 4) != 0 ||
+        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      ADD_FAILURE() << "cannot listen on 127.0.0.1";
+    }
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~hostile_server() {
+    stop_ = true;
+    thread_.join();
+    ::close(listener_);
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int script_calls() const { return script_calls_.load(); }
+
+ private:
+  // Waits (bounded, so that stop_ is seen) until `fd` is readable.
+  bool readable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    while (!stop_) {
+      if (::poll(&p, 1, 20) > 0) return true;
+    }
+    return false;
+  }
+  void serve() {
+    while (readable(listener_)) {
+      const int fd = ::accept(listener_, nullptr, nullptr);
+      if (fd < 0) continue;
+      std::string in;
+      char buf[4096];
+      while (readable(fd)) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        in.append(buf, static_cast<std::size_t>(n));
+        while (auto name = next_command(in)) {
+          const bool script = *name == "EVALSHA" || *name == "EVAL";
+          if (script) script_calls_.fetch_add(1);
+          const std::string& out = script ? hostile_ : *name == "PING" ? pong : ok;
+          if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
+        }
+      }
+      ::close(fd);
+    }
+  }
+  // The name of the first whole command in `in`, which it then drops; nullopt until one is whole.
+  static std::optional<std::string> next_command(std::string& in) {
+    std::size_t at = 0;
+    auto number = [&](char lead) -> std::optional<long> {
+      const std::size_t crlf = in.find("\r\n", at);
+      if (at >= in.size() || in[at] != lead || crlf == std::string::npos) return std::nullopt;
+      const long n = std::stol(in.substr(at + 1, crlf - at - 1));
+      at = crlf + 2;
+      return n;
+    };
+    const auto argc = number('*');
+    if (!argc) return std::nullopt;
+    std::string name;
+    for (long i = 0; i < *argc; ++i) {
+      const auto len = number('$');
+      if (!len || at + static_cast<std::size_t>(*len) + 2 > in.size()) return std::nullopt;
+      if (i == 0) name = in.substr(at, static_cast<std::size_t>(*len));
+      at += static_cast<std::size_t>(*len) + 2;
+    }
+    in.erase(0, at);
+    return name;
+  }
+
+  inline static const std::string ok = "+OK\r\n", pong = "+PONG\r\n";
+  std::string hostile_;
+  int listener_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> script_calls_{0};
+  std::thread thread_;
+};
+
+// hiredis makes an array's elements when it reads the header: two billion of them would be 16 GB,
+// and the connection would then wait for them. It drops instead, and the checks fail at once.
+TEST(RedisFaultTest, AHugeArrayInAReplyDropsTheConnection) {
+  for (const std::string& hostile : {std::string("*2000000000\r\n"), std::string("*2\r\n*2000000000\r\n")}) {
+    hostile_server server(hostile);
+    auto b =
+        make_redis_backend({.addresses = {server.address()}, .command_timeout = 2s, .breaker_failure_threshold = 1000});
+    ASSERT_TRUE(b.ok());
+    const auto start = steady::now();
+    while (server.script_calls() == 0 && steady::now() - start < 5s) {
+      auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->source, decision_source::fail_open);
+      if (server.script_calls() == 0) std::this_thread::sleep_for(10ms);  // not connected yet
+    }
+    ASSERT_GT(server.script_calls(), 0) << "the backend never sent a script to the server";
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = steady::now();
+      auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+      ASSERT_TRUE(d.ok());
+      EXPECT_EQ(d->source, decision_source::fail_open);
+      EXPECT_LT(steady::now() - t0, 1s) << "failed at once, not after command_timeout";
+    }
+    EXPECT_EQ((*b)->stats().timeouts, 0u) << hostile;
+    EXPECT_GE((*b)->stats().unavailable, 1u) << hostile;
+  }
+}
+
 TEST(RedisFaultTest, OutOfMemoryRefusesEveryScriptAndReadinessFollows) {
   redis_server redis;
   auto b = make_redis_backend(fast_options(redis));

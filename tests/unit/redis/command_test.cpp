@@ -391,6 +391,38 @@ TEST(ParseTimeReply, SecondsAndMicroseconds) {
   for (std::size_t i = 0; i < bad.size(); ++i) EXPECT_EQ(parse_time_reply(*bad[i]), -1) << "case " << i;
 }
 
+// What a hostile server's array header costs: hiredis allocates the elements when it reads it.
+TEST(BoundReplyArrays, AnArrayOverTheBoundFailsTheReaderBeforeAllocating) {
+  auto read = [](const std::string& resp, bool bounded) {
+    redisReader* r = redisReaderCreate();
+    if (bounded) bound_reply_arrays(*r);
+    void* reply = nullptr;
+    redisReaderFeed(r, resp.data(), resp.size());
+    const int status = redisReaderGetReply(r, &reply);
+    const bool read_whole = status == REDIS_OK && reply != nullptr;
+    std::size_t elements = read_whole ? static_cast<redisReply*>(reply)->elements : 0;
+    if (reply) freeReplyObject(reply);
+    redisReaderFree(r);
+    return std::pair{status, elements};
+  };
+  auto header = [](long long elements) {
+    std::string h = "*";
+    h += std::to_string(elements);
+    h += "\r\n";
+    return h;
+  };
+  std::string longest = header(max_reply_array);
+  for (int i = 0; i < max_reply_array; ++i) longest += ":1\r\n";
+  EXPECT_EQ(read(longest, true), std::pair(REDIS_OK, static_cast<std::size_t>(max_reply_array)));
+  EXPECT_EQ(read("*3\r\n:1\r\n*1\r\n$1\r\nx\r\n:3\r\n", true), std::pair(REDIS_OK, std::size_t{3}));
+  // One more element, or two billion of them: an error, the reply never made.
+  EXPECT_EQ(read(header(max_reply_array + 1), true).first, REDIS_ERR);
+  EXPECT_EQ(read("*2000000000\r\n", true).first, REDIS_ERR);
+  EXPECT_EQ(read("*2\r\n*2000000000\r\n", true).first, REDIS_ERR);  // nested too
+  // Without the bound hiredis takes the header and waits for the elements.
+  EXPECT_EQ(read(header(max_reply_array + 1), false), std::pair(REDIS_OK, std::size_t{0}));
+}
+
 }  // namespace
 }  // namespace sluice::detail
 
