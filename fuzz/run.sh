@@ -17,9 +17,9 @@ mkdir -p "$out"
 flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src")
 # The library code the targets reach: the config loader, the request parser and the core it uses,
-# and the Redis backend's commands and reply parsers.
+# the Redis backend's commands and reply parsers, and the Envoy API's YAML loader.
 lib=("$root"/src/core/*.cpp "$root/src/server/config.cpp" "$root/src/server/api.cpp"
-     "$root"/src/redis/{command,exactness,keys,scripts,slot}.cpp)
+     "$root"/src/redis/{command,exactness,keys,scripts,slot}.cpp "$root/src/envoy/domain_config.cpp")
 
 objdir="$out/obj"
 mkdir -p "$objdir"
@@ -34,7 +34,7 @@ for src in "${lib[@]}"; do
 done
 
 status=0
-for target in fuzz_check_body fuzz_config fuzz_http_request fuzz_redis_reply; do
+for target in fuzz_check_body fuzz_config fuzz_http_request fuzz_redis_reply fuzz_envoy_config; do
   corpus_seed="$root/fuzz/corpus/${target#fuzz_}"
   work="$out/$target-corpus"
   mkdir -p "$work"
@@ -43,7 +43,7 @@ for target in fuzz_check_body fuzz_config fuzz_http_request fuzz_redis_reply; do
   # bytes (a final chunk split after its first trailer byte) are valid and parse correctly.
   target_flags=()
   [ "$target" = fuzz_http_request ] && target_flags=(-DBOOST_DISABLE_ASSERTS)
-  "${launcher[@]}" "$cxx" "${flags[@]}" "${target_flags[@]}" "$root/fuzz/$target.cpp" "${objs[@]}" -lhiredis -o "$out/$target"
+  "${launcher[@]}" "$cxx" "${flags[@]}" "${target_flags[@]}" "$root/fuzz/$target.cpp" "${objs[@]}" -lhiredis -lyaml-cpp -o "$out/$target"
   echo "fuzz: running $target for ${seconds}s"
   if ! (cd "$out" && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         "./$target" -max_total_time="$seconds" -max_len=65536 -rss_limit_mb=2048 -print_final_stats=1 \
