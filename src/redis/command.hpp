@@ -186,9 +186,10 @@ result<decision> parse_reply(const prepared_script& p, const redisReply& r);
 /// TIME's reply {seconds, microseconds} (two decimal strings) in µs, or -1 when malformed.
 std::int64_t parse_time_reply(const redisReply& r) noexcept;
 
-/// The most elements an array in a reply may hold. CLUSTER SLOTS, with at most one range per slot,
-/// is the longest reply the backend gets. hiredis allocates an array's elements when it reads the
-/// header, so a hostile server's "*2000000000" would otherwise allocate 16 GB.
+/// The most elements an array in a reply may hold. The longest the backend gets are the cluster's
+/// maps: CLUSTER SLOTS has at most 16,384 ranges, a shard's slots in CLUSTER SHARDS at most 32,768
+/// bounds. hiredis allocates an array's elements when it reads the header, so a hostile server's
+/// "*2000000000" would otherwise allocate 16 GB.
 inline constexpr int max_reply_array = 1 << 16;
 
 /// Makes `reader` refuse an array of more than max_reply_array elements: it fails as out of

@@ -169,11 +169,15 @@ void connection::on_connect(const redisAsyncContext* ac, int status) {
 
 void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
   auto* self = static_cast<connection*>(ac->data);
-  if (ac != self->ac_) return;  // we dropped it ourselves
+  const long long refused = take_refused_array();  // what this read refused, if it refused an array
+  if (ac != self->ac_) return;                     // we dropped it ourselves
   self->ac_ = nullptr;
-  if (const long long n = take_refused_array()) {
-    return self->lost("connection to " + self->address_ + " dropped: a reply held an array of " + std::to_string(n) +
-                      " elements, more than " + std::to_string(max_reply_array));
+  if (refused != 0) {
+    std::string why = "connection to " + self->address_ + " dropped: a reply held an array of ";
+    why += std::to_string(refused);
+    why += " elements, more than ";
+    why += std::to_string(max_reply_array);
+    return self->lost(why);
   }
   self->lost("connection to " + self->address_ + " lost" +
              (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
