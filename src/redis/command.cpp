@@ -499,23 +499,14 @@ std::int64_t parse_time_reply(const redisReply& r) noexcept {
 
 namespace {
 
-// hiredis's own reply functions but for arrays, which are bounded first: made once from the first
-// reader's (every reader starts with hiredis's defaults), never changed after.
+// hiredis's own reply functions but for arrays, which are bounded first.
 struct bounded_functions {
   redisReplyObjectFunctions fn;
   void* (*create_array)(const redisReadTask*, int);
 };
 
-void* create_bounded_array(const redisReadTask* task, int elements);
-
-bounded_functions& bounded(const redisReplyObjectFunctions& defaults) {
-  static bounded_functions made = [&] {
-    bounded_functions b{defaults, defaults.createArray};
-    b.fn.createArray = &create_bounded_array;
-    return b;
-  }();
-  return made;
-}
+// Set once, while the first bound_reply_arrays() makes them (before any reader can call them).
+const bounded_functions* bounded = nullptr;
 
 thread_local long long refused_array = 0;
 
@@ -524,15 +515,20 @@ void* create_bounded_array(const redisReadTask* task, int elements) {
     refused_array = elements;
     return nullptr;
   }
-  // Only a reader bound_reply_arrays() set up calls this, so `bounded` is made already.
-  return bounded({}).create_array(task, elements);
+  return bounded->create_array(task, elements);
 }
 
 }  // namespace
 
 void bound_reply_arrays(redisReader& reader) noexcept {
-  bounded_functions& b = bounded(*reader.fn);
-  reader.fn = &b.fn;
+  // Made from the first reader's (every reader starts with hiredis's defaults), never changed after.
+  static bounded_functions made = [&] {
+    bounded_functions b{*reader.fn, reader.fn->createArray};
+    b.fn.createArray = &create_bounded_array;
+    bounded = &made;
+    return b;
+  }();
+  reader.fn = &made.fn;
 }
 
 long long take_refused_array() noexcept { return std::exchange(refused_array, 0); }
