@@ -41,8 +41,9 @@ results=()
 redis_pid=""
 hz="$(getconf CLK_TCK)"
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }  # user + system
-# per_call TICKS CALLS: CPU µs per call
-per_call() { awk -v t="$1" -v n="$2" -v hz="$hz" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }'; }
+# per_call CPU PER_SECOND CALLS: CPU µs per call, CPU counted PER_SECOND to the second (clock ticks:
+# $hz; seconds: 1)
+per_call() { awk -v t="$1" -v hz="$2" -v n="$3" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "-" }'; }
 # timed OUT CMD...: runs CMD with its stdout in OUT; prints the CPU seconds (user + system) it took,
 # and fails as CMD does.
 timed() {
@@ -68,10 +69,10 @@ run_load() {
     rps="$(sed -n 's/.* rps=\([0-9]*\).*/\1/p' "$out")"
     p99="$(sed -n 's/.* p99_us=\([0-9]*\).*/\1/p' "$out")us"
   fi
-  sluiced_us="$(per_call $(($(cpu_ticks "$sluiced_pid") - s0)) "$calls")"
+  sluiced_us="$(per_call $(($(cpu_ticks "$sluiced_pid") - s0)) "$hz" "$calls")"
   redis_us="-"
-  [ -n "$redis_pid" ] && redis_us="$(per_call $(($(cpu_ticks "$redis_pid") - r0)) "$calls")"
-  client_us="$(awk -v c="$client" -v n="$calls" 'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / n; else print "-" }')"
+  [ -n "$redis_pid" ] && redis_us="$(per_call $(($(cpu_ticks "$redis_pid") - r0)) "$hz" "$calls")"
+  client_us="$(per_call "$client" 1 "$calls")"
   results+=("$name|$api|$round|$rps|$p99|$sluiced_us|$client_us|$redis_us")
 }
 
