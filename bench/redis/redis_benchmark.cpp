@@ -233,7 +233,6 @@ int main(int argc, char** argv) {
     tenants.push_back(keys.back().substr(0, 10));
   }
 
-  // Limits high enough that most checks are admitted (admission is the costlier path: it writes).
   // Limits high enough that most checks are admitted (admission is the costlier path: it writes);
   // the bucket refills slowly so that its keys, like the windows', outlive the run.
   const sluice::rule rules[] = {

@@ -5,7 +5,7 @@
 // hiredis call, these handlers included, runs on the given strand.
 //
 //   redisAsyncContext* ac = redisAsyncConnect("127.0.0.1", 6379);
-//   sluice::detail::attach(ac, strand);   // then redisAsyncCommand... on the strand
+//   sluice::detail::attach(ac, strand, after_read);   // then redisAsyncCommand... on the strand
 //
 // Not thread-safe: use the context only on its strand.
 #pragma once
@@ -20,10 +20,14 @@
 
 namespace sluice::detail {
 
+/// Called on the strand after hiredis has read from the context's socket and run the callbacks of
+/// the replies made whole; it may free the context.
+using after_read_fn = void (*)(redisAsyncContext*);
+
 class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_adapter> {
  public:
-  asio_hiredis_adapter(redisAsyncContext* ac, const strand_type& strand)
-      : ac_(ac), strand_(strand), socket_(strand, ac->c.fd) {}
+  asio_hiredis_adapter(redisAsyncContext* ac, const strand_type& strand, after_read_fn after_read)
+      : ac_(ac), strand_(strand), socket_(strand, ac->c.fd), after_read_(after_read) {}
 
   void add_read() {
     reading_ = true;
@@ -63,6 +67,7 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
     // Either call may free the context, which calls cleanup() and clears ac_.
     if (read) {
       redisAsyncHandleRead(ac_);
+      if (ac_ != nullptr) after_read_(ac_);
     } else {
       redisAsyncHandleWrite(ac_);
     }
@@ -73,16 +78,18 @@ class asio_hiredis_adapter : public std::enable_shared_from_this<asio_hiredis_ad
   redisAsyncContext* ac_;
   strand_type strand_;
   asio::posix::stream_descriptor socket_;
+  after_read_fn after_read_;
   bool reading_ = false;
   bool writing_ = false;
   bool read_armed_ = false;
   bool write_armed_ = false;
 };
 
-/// Attaches `ac` to `strand`. The adapter lives until hiredis calls cleanup (or longer, while a wait
-/// it started is still queued).
-inline void attach(redisAsyncContext* ac, const strand_type& strand) {
-  auto* holder = new std::shared_ptr<asio_hiredis_adapter>(std::make_shared<asio_hiredis_adapter>(ac, strand));
+/// Attaches `ac` to `strand`, calling `after_read` after each read. The adapter lives until hiredis
+/// calls cleanup (or longer, while a wait it started is still queued).
+inline void attach(redisAsyncContext* ac, const strand_type& strand, after_read_fn after_read) {
+  auto* holder =
+      new std::shared_ptr<asio_hiredis_adapter>(std::make_shared<asio_hiredis_adapter>(ac, strand, after_read));
   ac->ev.data = holder;
   ac->ev.addRead = [](void* p) { static_cast<std::shared_ptr<asio_hiredis_adapter>*>(p)->get()->add_read(); };
   ac->ev.delRead = [](void* p) { static_cast<std::shared_ptr<asio_hiredis_adapter>*>(p)->get()->del_read(); };

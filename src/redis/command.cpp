@@ -533,4 +533,20 @@ void bound_reply_arrays(redisReader& reader) noexcept {
 
 long long take_refused_array() noexcept { return std::exchange(refused_array, 0); }
 
+std::string overlong_reply(const redisReader& reader) {
+  const std::size_t held = reader.len - reader.pos;  // what the reply being read holds so far
+  if (held <= max_reply_line) return {};
+  // A line that has ended but was not taken is a string's length, with the string itself still
+  // coming. Else the line itself is still growing. The longest length line is 22 bytes.
+  const std::string_view start(reader.buf + reader.pos, 24);
+  if (start.find("\r\n") == std::string_view::npos) {
+    return "a reply's line ran past " + std::to_string(max_reply_line) + " bytes";
+  }
+  if (held > max_reply_bytes) {
+    return "a reply held " + std::to_string(held) + " bytes before it was whole, more than " +
+           std::to_string(max_reply_bytes);
+  }
+  return {};
+}
+
 }  // namespace sluice::detail

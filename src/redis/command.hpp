@@ -200,4 +200,20 @@ void bound_reply_arrays(redisReader& reader) noexcept;
 /// call), which tells a connection lost "out of memory" why.
 long long take_refused_array() noexcept;
 
+/// The most bytes of one reply a connection holds before the reply is whole: four times the longest
+/// the backend gets, CLUSTER SLOTS of 16,384 ranges with replicas (about 4 MB). hiredis keeps a
+/// reply's bytes until it is whole, so a hostile server's endless string would otherwise grow the
+/// connection's buffer for as long as it sends.
+inline constexpr std::size_t max_reply_bytes = 16 << 20;
+
+/// The longest line a reply may hold (a status, an error, a number, or a string's or an array's
+/// length). hiredis scans a line from its start on every read until the line ends, so a line of n
+/// bytes costs it time as n squared.
+inline constexpr std::size_t max_reply_line = 64 << 10;
+
+/// Why `reader`, once the whole replies it holds are read from it, must read no more: the reply
+/// it is reading holds more than max_reply_bytes, or a line longer than max_reply_line. Empty
+/// while it may go on.
+std::string overlong_reply(const redisReader& reader);
+
 }  // namespace sluice::detail

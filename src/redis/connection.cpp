@@ -83,7 +83,7 @@ void connection::connect_to(const std::string& host) {
   }
   bound_reply_arrays(*ac->c.reader);
   ac->data = this;
-  attach(ac, strand_);
+  attach(ac, strand_, &connection::after_read);
   redisAsyncSetConnectCallback(ac, &connection::on_connect);
   redisAsyncSetDisconnectCallback(ac, &connection::on_disconnect);
   ac_ = ac;
@@ -181,6 +181,16 @@ void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
   }
   self->lost("connection to " + self->address_ + " lost" +
              (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
+}
+
+// What is held after the whole replies are read is the reply being read: one that grows past its
+// bounds ends the connection.
+void connection::after_read(redisAsyncContext* ac) {
+  auto* self = static_cast<connection*>(ac->data);
+  if (ac != self->ac_) return;
+  if (std::string why = overlong_reply(*ac->c.reader); !why.empty()) {
+    self->drop("connection to " + self->address_ + " dropped: " + why);
+  }
 }
 
 void connection::on_time(redisAsyncContext* ac, void* reply_ptr, void*) {

@@ -89,6 +89,7 @@ class connection : public std::enable_shared_from_this<connection> {
 
   static void on_connect(const redisAsyncContext* ac, int status);
   static void on_disconnect(const redisAsyncContext* ac, int status);
+  static void after_read(redisAsyncContext* ac);
   static void on_handshake(redisAsyncContext* ac, void* reply, void* step);
   static void on_time(redisAsyncContext* ac, void* reply, void*);
 

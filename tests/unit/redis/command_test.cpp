@@ -423,6 +423,39 @@ TEST(BoundReplyArrays, AnArrayOverTheBoundFailsTheReaderBeforeAllocating) {
   EXPECT_EQ(read(header(max_reply_array + 1), false), std::pair(REDIS_OK, std::size_t{0}));
 }
 
+// What a connection asks after each read: the reply being read may be a long string on its way, but
+// never a line that does not end.
+TEST(OverlongReply, TheReplyBeingReadMayHoldALongStringButNoLongLine) {
+  auto after_reading = [](const std::string& resp) {
+    redisReader* r = redisReaderCreate();
+    redisReaderFeed(r, resp.data(), resp.size());
+    void* reply = nullptr;
+    while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != nullptr) {
+      freeReplyObject(reply);
+      reply = nullptr;
+    }
+    std::string why = overlong_reply(*r);
+    redisReaderFree(r);
+    return why;
+  };
+  const std::string line(max_reply_line, '1');
+  const std::string too_long = "a reply's line ran past 65536 bytes";
+  EXPECT_EQ(after_reading("+" + line), "");
+  EXPECT_EQ(after_reading("+" + line + "a"), too_long);
+  EXPECT_EQ(after_reading(":" + line + "1"), too_long);
+  EXPECT_EQ(after_reading("*2\r\n:1\r\n$" + line + "1"), too_long);  // a string's length, in an array
+  // A string whose length has been read may hold up to max_reply_bytes before it is whole.
+  // (The reader has taken the type, '$'; the length line is held with the string.)
+  const std::string length = "2000000000\r\n";
+  EXPECT_EQ(after_reading("$" + length + std::string(max_reply_bytes - length.size(), 'x')), "");
+  EXPECT_EQ(after_reading("$" + length + std::string(max_reply_bytes - length.size() + 1, 'x')),
+            "a reply held 16777217 bytes before it was whole, more than 16777216");
+  // Whole replies are taken first: what is held is the next one's.
+  const std::string whole = "$100000\r\n" + std::string(100000, 'x') + "\r\n+OK\r\n";
+  EXPECT_EQ(after_reading(whole + "+" + line), "");
+  EXPECT_EQ(after_reading(whole + "+" + line + "a"), too_long);
+}
+
 }  // namespace
 }  // namespace sluice::detail
 
