@@ -45,29 +45,38 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
     reported_.erase(key);
     next.emplace(std::string(id), std::move(*made));
   };
-  for (const etcd_value& v : values) {
-    const std::string_view sub = v.key;  // the key below the prefix
-    const std::string key = prefix_ + v.key;
-    seen.insert(key);
-    if (sub.starts_with(overrides_dir)) {
-      take(overrides_, next_overrides, sub.substr(overrides_dir.size()), max_overrides, "overrides", key,
-           v.mod_revision, [&](const std::string& source) -> result<override_entry> {
-             auto o = parse_override_json(v.value, source);
-             if (!o) return o.error();
-             return override_entry{std::move(*o), v.mod_revision};
-           });
-    } else if (sub.starts_with(rules_dir)) {
-      const std::string_view name = sub.substr(rules_dir.size());
-      take(rules_, next, name, max_rules, "rules", key, v.mod_revision,
-           [&](const std::string& source) -> result<entry> {
-             auto r = parse_rule_json(name, v.value, source);
-             if (!r) return r.error();
-             if (auto ok = check_(*r); !ok) return error(ok.error().code, source + ": " + ok.error().message);
-             return entry{std::move(*r), key, v.mod_revision};
-           });
-    } else {
-      reject(key, v.mod_revision,
-             "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");
+  // Keys in force are taken first, so that the caps count them before any new key: a new key never
+  // takes the place of one in force, and one in force never goes in over a cap new keys filled.
+  auto in_force = [&](std::string_view sub) {
+    if (sub.starts_with(overrides_dir)) return overrides_.contains(sub.substr(overrides_dir.size()));
+    return sub.starts_with(rules_dir) && rules_.contains(sub.substr(rules_dir.size()));
+  };
+  for (const bool first : {true, false}) {
+    for (const etcd_value& v : values) {
+      if (in_force(v.key) != first) continue;
+      const std::string_view sub = v.key;  // the key below the prefix
+      const std::string key = prefix_ + v.key;
+      seen.insert(key);
+      if (sub.starts_with(overrides_dir)) {
+        take(overrides_, next_overrides, sub.substr(overrides_dir.size()), max_overrides, "overrides", key,
+             v.mod_revision, [&](const std::string& source) -> result<override_entry> {
+               auto o = parse_override_json(v.value, source);
+               if (!o) return o.error();
+               return override_entry{std::move(*o), v.mod_revision};
+             });
+      } else if (sub.starts_with(rules_dir)) {
+        const std::string_view name = sub.substr(rules_dir.size());
+        take(rules_, next, name, max_rules, "rules", key, v.mod_revision,
+             [&](const std::string& source) -> result<entry> {
+               auto r = parse_rule_json(name, v.value, source);
+               if (!r) return r.error();
+               if (auto ok = check_(*r); !ok) return error(ok.error().code, source + ": " + ok.error().message);
+               return entry{std::move(*r), key, v.mod_revision};
+             });
+      } else {
+        reject(key, v.mod_revision,
+               "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");
+      }
     }
   }
   std::erase_if(reported_, [&](const auto& kv) { return !seen.contains(kv.first); });

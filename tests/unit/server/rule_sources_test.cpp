@@ -109,6 +109,30 @@ TEST(EtcdRules, AtMostMaxRulesAreTaken) {
   EXPECT_NE(rejected[0].reason.find("more than"), std::string::npos);
 }
 
+// New keys that sort before the ones in force neither push them out nor add to them past the cap,
+// whether those in force are kept as they are, changed, or changed to a bad value.
+TEST(EtcdRules, NewKeysNeverTakeTheCapPastMaxRules) {
+  auto rules = make();
+  const std::string good = R"({"algorithm":"fixed_window","limit":5,"window":"1s"})";
+  std::vector<etcd_value> in_force;
+  for (std::size_t i = 0; i < etcd_rules::max_rules; ++i) in_force.push_back({"rules/m" + std::to_string(i), good, 2});
+  bool changed = false;
+  ASSERT_TRUE(rules.apply(in_force, changed).empty());
+  for (const std::string& same_changed_bad : {std::string("same"), std::string("changed"), std::string("bad")}) {
+    std::vector<etcd_value> values;
+    for (std::size_t i = 0; i < etcd_rules::max_rules; ++i) values.push_back({"rules/a" + std::to_string(i), good, 9});
+    for (etcd_value v : in_force) {
+      if (same_changed_bad != "same") v.mod_revision = 5;
+      if (same_changed_bad == "bad") v.value = "{";
+      values.push_back(v);
+    }
+    auto rejected = rules.apply(values, changed);
+    EXPECT_EQ(rules.rules().size(), etcd_rules::max_rules) << same_changed_bad;
+    EXPECT_TRUE(rules.rules().contains("m0")) << same_changed_bad;
+    EXPECT_FALSE(rules.rules().contains("a0")) << same_changed_bad;
+  }
+}
+
 TEST(MergeRules, EtcdOverridesTheFileByNameAndAddsItsOwn) {
   auto rules = make();
   bool changed = false;
