@@ -134,7 +134,7 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
     if (domain == nullptr) continue;  // an unknown domain limits nothing
     if (d.has_limit()) {
       grpc::Status s;
-      auto o = override_for(req.domain(), d.limit().requests_per_unit(), static_cast<unit>(d.limit().unit()), s);
+      auto o = override_for(req.domain(), d.limit().requests_per_unit(), d.limit().unit(), s);
       if (!o) return reject(s);
       c->limits.push_back({i, &o->limit, nullptr, o->counters, hits == 0, hits == 0, 0});
       c->overrides.push_back(std::move(o));
@@ -322,12 +322,13 @@ void rls_service::finish(call& c) {
 }
 
 std::shared_ptr<const rls_service::override_limit> rls_service::override_for(const std::string& domain,
-                                                                             std::uint32_t requests_per_unit, unit u,
-                                                                             grpc::Status& status) {
-  if (static_cast<int>(u) < 1 || static_cast<int>(u) > 7) {
-    status = invalid("a descriptor's limit needs a unit (SECOND to WEEK), got " + std::to_string(static_cast<int>(u)));
+                                                                             std::uint32_t requests_per_unit,
+                                                                             int unit_number, grpc::Status& status) {
+  if (unit_number < 1 || unit_number > 7) {
+    status = invalid("a descriptor's limit needs a unit (SECOND to WEEK), got " + std::to_string(unit_number));
     return nullptr;
   }
+  const unit u = static_cast<unit>(unit_number);
   std::lock_guard lock(mutex_);
   const auto key = std::make_tuple(domain, u, requests_per_unit);
   if (auto it = overrides_.find(key); it != overrides_.end()) return it->second;

@@ -62,8 +62,9 @@ class rls_service {
   struct call;
   struct override_limit;
 
-  std::shared_ptr<const override_limit> override_for(const std::string& domain, std::uint32_t requests_per_unit, unit u,
-                                                     grpc::Status& status);
+  // `unit_number`: the request's, any int (proto enums are open).
+  std::shared_ptr<const override_limit> override_for(const std::string& domain, std::uint32_t requests_per_unit,
+                                                     int unit_number, grpc::Status& status);
   void finish(call& c);
 
   backend& backend_;

@@ -256,8 +256,11 @@ TEST_F(EnvoyService, ARequestsOwnLimitReplacesTheConfigs) {
   EXPECT_EQ(both.statuses(1).current_limit().requests_per_unit(), 3u);
   limit->set_requests_per_unit(0);
   EXPECT_EQ(ask(req).overall_code(), pb::RateLimitResponse::OVER_LIMIT);
-  limit->set_unit(::envoy::extensions::common::ratelimit::v3::UNKNOWN);
-  EXPECT_EQ(refused(req).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // No unit, or a number outside the enum (proto enums are open): 257 is not SECOND.
+  for (int u : {0, 8, 257, 263, -255}) {
+    limit->set_unit(static_cast<::envoy::extensions::common::ratelimit::v3::RateLimitUnit>(u));
+    EXPECT_EQ(refused(req).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << u;
+  }
 }
 
 TEST_F(EnvoyService, AReloadKeepsCountsAndARaisedLimitRaisesRemainingAtOnce) {
