@@ -712,11 +712,16 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   if (const toml::node* n = root.get("rules")) {
     const toml::array* arr = n->as_array();
     if (!arr) return rep.at(n->source(), "rules must be an array of tables ([[rules]]), got " + type_name(*n));
+    if (arr->size() > max_file_rules) {
+      return rep.at(n->source(), "more than " + std::to_string(max_file_rules) + " rules");
+    }
+    std::set<std::string, std::less<>> names;  // [ratelimit]'s default, then each rule's
+    for (const rule& r : out.rules) names.insert(r.name);
     for (const toml::node& e : *arr) {
       if (!e.is_table()) return rep.at(e.source(), "each entry of rules must be a table, got " + type_name(e));
       auto r = read_rule(section(*e.as_table(), "[[rules]]", rep));
       if (!r) return r.error();
-      if (out.find_rule(r->name)) {
+      if (!names.insert(r->name).second) {
         return rep.at(e.as_table()->get("name")->source(),
                       "duplicate rule name \"" + r->name + "\"" +
                           (r->name == "default" ? " ([ratelimit] defines rule default)" : ""));

@@ -151,6 +151,9 @@ struct rule_override {
 /// Most overrides in force (file and etcd together); more are refused at load.
 inline constexpr std::size_t max_overrides = 10'000;
 
+/// Most [[rules]] a config file defines (etcd adds at most as many again); more are refused at load.
+inline constexpr std::size_t max_file_rules = 1024;
+
 /// `base` with `o`'s parameters: errors name what does not fit (a field its algorithm does not
 /// have, a key for a dual-layer rule, a limit out of range). `base` must be o.rule.
 result<rule> apply_override(const rule& base, const rule_override& o);

@@ -195,6 +195,13 @@ TEST(Config, RuleErrors) {
   expect_error(replace(dual, "user_limit = 5\n", ""), "t.toml:1:1: [[rules]] is missing 'user_limit'");
   expect_error(dual + "limit = 3\n", "t.toml:7:1: unknown key 'limit' in [[rules]] (a dual-layer rule");
   expect_error("rules = [1]\n", "t.toml:1:10: each entry of rules must be a table");
+  // As many rules as etcd may add, and no more (each one is looked up by name on every check).
+  std::string most;
+  for (std::size_t i = 0; i < max_file_rules; ++i) most += replace(api, "\"api\"", "\"r" + std::to_string(i) + "\"");
+  auto c = parse_config(most, "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rules.size(), max_file_rules);
+  expect_error(most + api, "t.toml:1:1: more than 1024 rules");
 }
 
 // lease = "200ms" serves a rule from leases (on Redis); lease_max_share caps what one instance holds.
