@@ -161,31 +161,34 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
 
   // One check per rule and counter key: two descriptors asking for one counter ask for their sum
   // (under the tighter limit, when two overrides of one unit differ). A look asks for a cost no
-  // wait admits, so that the backend only looks.
-  for (auto& a : c->limits) {
-    auto& checks = a.shadow ? c->shadow : c->enforcing;
-    const std::string& key = c->keys[static_cast<std::size_t>(a.descriptor)];
-    const prepared_rule& rule = *a.limit->prepared;
-    const std::int64_t cost = a.look ? std::max<std::int64_t>(rule.definition().limit.capacity(), 0) + 1
-                                     : static_cast<std::int64_t>(c->hits[static_cast<std::size_t>(a.descriptor)]);
-    auto same = a.look ? checks.end() : std::find_if(checks.begin(), checks.end(), [&](const check_request& r) {
-      return r.rule->name == rule.definition().name && r.key == key;
-    });
-    if (same != checks.end()) {
-      same->cost += cost;
-      if (rule.definition().limit.capacity() < same->rule->limit.capacity()) {
-        same->rule = &rule.definition();
-        same->prepared = &rule;
+  // wait admits, so that the backend only looks; looks go last, so that no other check joins one.
+  for (const bool looks : {false, true}) {
+    for (auto& a : c->limits) {
+      if (a.look != looks) continue;
+      auto& checks = a.shadow ? c->shadow : c->enforcing;
+      const std::string& key = c->keys[static_cast<std::size_t>(a.descriptor)];
+      const prepared_rule& rule = *a.limit->prepared;
+      const std::int64_t cost = a.look ? std::max<std::int64_t>(rule.definition().limit.capacity(), 0) + 1
+                                       : static_cast<std::int64_t>(c->hits[static_cast<std::size_t>(a.descriptor)]);
+      auto same = a.look ? checks.end() : std::find_if(checks.begin(), checks.end(), [&](const check_request& r) {
+        return r.rule->name == rule.definition().name && r.key == key;
+      });
+      if (same != checks.end()) {
+        same->cost += cost;
+        if (rule.definition().limit.capacity() < same->rule->limit.capacity()) {
+          same->rule = &rule.definition();
+          same->prepared = &rule;
+        }
+        a.check = static_cast<std::size_t>(same - checks.begin());
+        continue;
       }
-      a.check = static_cast<std::size_t>(same - checks.begin());
-      continue;
+      if (checks.size() == max_checks_per_call)
+        return reject(invalid("more than " + std::to_string(max_checks_per_call) + " limits apply to one request"));
+      a.check = checks.size();
+      checks.push_back(check_request::of(rule));
+      checks.back().key = key;
+      checks.back().cost = cost;
     }
-    if (checks.size() == max_checks_per_call)
-      return reject(invalid("more than " + std::to_string(max_checks_per_call) + " limits apply to one request"));
-    a.check = checks.size();
-    checks.push_back(check_request::of(rule));
-    checks.back().key = key;
-    checks.back().cost = cost;
   }
 
   c->done = std::move(done);

@@ -224,6 +224,16 @@ TEST_F(EnvoyService, ShadowModeCountsButNeverRefuses) {
       << metrics;
 }
 
+// A look before a descriptor that counts on the same shadow_mode counter: the count still happens.
+TEST_F(EnvoyService, ALookNeverTakesAnotherDescriptorsHits) {
+  auto req = rls_request({{{"shadowed", "x"}}, {{"shadowed", "x"}}});
+  req.mutable_descriptors(0)->mutable_hits_addend()->set_value(0);
+  EXPECT_EQ(ask(req).statuses(1).limit_remaining(), 0u) << "the second descriptor's hit counted";
+  auto look = rls_request({{{"shadowed", "x"}}});
+  look.mutable_descriptors(0)->mutable_hits_addend()->set_value(0);
+  EXPECT_EQ(ask(look).statuses(0).limit_remaining(), 0u);
+}
+
 TEST_F(EnvoyService, UnlimitedAndReplaces) {
   auto vip = ask(rls_request({{{"vip", "x"}}}, 1000));
   EXPECT_EQ(vip.statuses(0).code(), pb::RateLimitResponse::OK);
