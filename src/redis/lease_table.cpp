@@ -214,7 +214,8 @@ std::vector<lease_waiter> lease_table::answered(std::string_view key, const leas
     // instance spends it on its own, and clocks disciplined by NTP run within 0.05% of each other.
     // The window's or the last slot's end is then no later here than on Redis.
     const std::int64_t origin = g.sent_ns - g.sent_ns % 1000;
-    std::int64_t valid = std::min(r.valid_us, forever / 2000) * 1000;
+    // (A negative time, which no script replies, has passed already.)
+    std::int64_t valid = std::clamp<std::int64_t>(r.valid_us, 0, forever / 2000) * 1000;
     valid -= valid / 1000;
     if (interval_ns_ > 0) {
       s.valid_until = add_sat(origin, valid);

@@ -116,6 +116,17 @@ TEST(LeaseTableTest, AWindowsLeaseEndsWithItsWindowAndIsNotGivenBackAfter) {
   EXPECT_TRUE(t.expire(51 * ms).empty());  // a new window: giving back would not count
 }
 
+// A reply no script sends, whose units were valid until long ago: none of them is used here.
+TEST(LeaseTableTest, UnitsValidForANegativeTimeAreNeverUsed) {
+  for (const policy& p : {fixed_window_policy(100, 60s), token_bucket_policy(per_second(0.001), 100)}) {
+    lease_table t = make_table(leased(p, 10s));
+    ASSERT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
+    t.answered("k", grant(0, 1, 10, 90, std::numeric_limits<std::int64_t>::min()), 0);
+    EXPECT_EQ(t.check("k", 1, 0, no_waiter).what, step::take);
+    t.failed("k");
+  }
+}
+
 TEST(LeaseTableTest, ATokenBucketsLeasedUnitIsUsedOnlyBeforeItsSlotEnds) {
   // 100 per second: one slot is 10 ms. Leased: 5 units whose last slot ends 50 ms after the call.
   const rule r = leased(token_bucket_policy(per_second(100), 100), 1s, 0.5);
