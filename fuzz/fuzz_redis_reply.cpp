@@ -68,7 +68,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   redisReader* reader = redisReaderCreate();
   if (reader == nullptr) return 0;
-  sluice::detail::bound_reply_arrays(*reader);  // as every connection's reader
+  sluice::detail::reply_budget budget;
+  sluice::detail::bound_replies(*reader, budget);  // as every connection's reader
   if (redisReaderFeed(reader, reinterpret_cast<const char*>(data) + 1, size - 1) == REDIS_OK) {
     void* reply = nullptr;
     // A few replies at most: the input bounds them anyway, and one is what a call gets.

@@ -499,39 +499,74 @@ std::int64_t parse_time_reply(const redisReply& r) noexcept {
 
 namespace {
 
-// hiredis's own reply functions but for arrays, which are bounded first.
-struct bounded_functions {
-  redisReplyObjectFunctions fn;
-  void* (*create_array)(const redisReadTask*, int);
-};
+// hiredis's own reply functions, which the bounded ones call within the bounds. Set once, while the
+// first bound_replies() makes those (before any reader can call them).
+const redisReplyObjectFunctions* hiredis_functions = nullptr;
 
-// Set once, while the first bound_reply_arrays() makes them (before any reader can call them).
-const bounded_functions* bounded = nullptr;
+// Counts a value of the reply `task` is part of (its first value starts the count), with the
+// elements it promises and the bytes it holds; false past a bound, the refusal noted.
+bool within_budget(const redisReadTask* task, std::size_t elements, std::size_t bytes) noexcept {
+  auto& b = *static_cast<reply_budget*>(task->privdata);
+  if (task->parent == nullptr) {
+    b.values = 1;  // an element was counted when its array was read
+    b.string_bytes = 0;
+  }
+  b.values += elements;
+  b.string_bytes += bytes;
+  if (b.values > max_reply_values) b.refused = reply_budget::refusal::values;
+  if (b.string_bytes > max_reply_bytes) b.refused = reply_budget::refusal::string_bytes;
+  return b.values <= max_reply_values && b.string_bytes <= max_reply_bytes;
+}
 
-thread_local long long refused_array = 0;
+void* create_string(const redisReadTask* task, char* str, std::size_t len) {
+  return within_budget(task, 0, len) ? hiredis_functions->createString(task, str, len) : nullptr;
+}
 
-void* create_bounded_array(const redisReadTask* task, int elements) {
+void* create_array(const redisReadTask* task, int elements) {
   if (elements > max_reply_array) {
-    refused_array = elements;
+    auto& b = *static_cast<reply_budget*>(task->privdata);
+    b.refused = reply_budget::refusal::array;
+    b.refused_array = elements;
     return nullptr;
   }
-  return bounded->create_array(task, elements);
+  const std::size_t promised = elements > 0 ? static_cast<std::size_t>(elements) : 0;
+  return within_budget(task, promised, 0) ? hiredis_functions->createArray(task, elements) : nullptr;
+}
+
+void* create_integer(const redisReadTask* task, long long value) {
+  return within_budget(task, 0, 0) ? hiredis_functions->createInteger(task, value) : nullptr;
+}
+
+void* create_nil(const redisReadTask* task) {
+  return within_budget(task, 0, 0) ? hiredis_functions->createNil(task) : nullptr;
 }
 
 }  // namespace
 
-void bound_reply_arrays(redisReader& reader) noexcept {
+void bound_replies(redisReader& reader, reply_budget& budget) noexcept {
   // Made from the first reader's (every reader starts with hiredis's defaults), never changed after.
-  static bounded_functions made = [&] {
-    bounded_functions b{*reader.fn, reader.fn->createArray};
-    b.fn.createArray = &create_bounded_array;
-    bounded = &made;
-    return b;
+  static redisReplyObjectFunctions bounded = [&] {
+    static const redisReplyObjectFunctions hiredis_own = *reader.fn;
+    hiredis_functions = &hiredis_own;
+    return redisReplyObjectFunctions{&create_string, &create_array, &create_integer, &create_nil,
+                                     hiredis_own.freeObject};
   }();
-  reader.fn = &made.fn;
+  reader.fn = &bounded;
+  reader.privdata = &budget;  // hiredis gives it to each value's task
 }
 
-long long take_refused_array() noexcept { return std::exchange(refused_array, 0); }
+std::string why_refused(const reply_budget& budget) {
+  switch (budget.refused) {
+    case reply_budget::refusal::none: return {};
+    case reply_budget::refusal::array:
+      return "a reply held an array of " + std::to_string(budget.refused_array) + " elements, more than " +
+             std::to_string(max_reply_array);
+    case reply_budget::refusal::values: return "a reply held more than " + std::to_string(max_reply_values) + " values";
+    case reply_budget::refusal::string_bytes:
+      return "a reply's strings held more than " + std::to_string(max_reply_bytes) + " bytes";
+  }
+  return {};
+}
 
 std::string overlong_reply(const redisReader& reader) {
   const std::size_t held = reader.len - reader.pos;  // what the reply being read holds so far

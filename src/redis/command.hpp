@@ -192,24 +192,39 @@ std::int64_t parse_time_reply(const redisReply& r) noexcept;
 /// "*2000000000" would otherwise allocate 16 GB.
 inline constexpr int max_reply_array = 1 << 16;
 
-/// Makes `reader` refuse an array of more than max_reply_array elements: it fails as out of
-/// memory, and its connection drops. Everything else is read as before.
-void bound_reply_arrays(redisReader& reader) noexcept;
+/// The most values one reply may hold, each array's elements counted when its header is read: more
+/// than three times the most the backend gets, CLUSTER SLOTS of 16,384 ranges with two replicas
+/// each (about 300,000).
+inline constexpr std::size_t max_reply_values = 1 << 20;
 
-/// The size of the array a bounded reader refused last on this thread (0: none since the last
-/// call), which tells a connection lost "out of memory" why.
-long long take_refused_array() noexcept;
-
-/// The most bytes of one reply a connection holds before the reply is whole: four times the longest
-/// the backend gets, CLUSTER SLOTS of 16,384 ranges with replicas (about 4 MB). hiredis keeps a
-/// reply's bytes until it is whole, so a hostile server's endless string would otherwise grow the
-/// connection's buffer for as long as it sends.
+/// The most bytes of one reply: four times the longest the backend gets, CLUSTER SLOTS of 16,384
+/// ranges with replicas (about 4 MB). It bounds the bytes of a reply's strings, and what a
+/// connection holds of a reply before it is whole (hiredis keeps a string's bytes until it ends).
 inline constexpr std::size_t max_reply_bytes = 16 << 20;
 
 /// The longest line a reply may hold (a status, an error, a number, or a string's or an array's
 /// length). hiredis scans a line from its start on every read until the line ends, so a line of n
 /// bytes costs it time as n squared.
 inline constexpr std::size_t max_reply_line = 64 << 10;
+
+/// What a bounded reader has made of the reply it is reading, and what it refused.
+struct reply_budget {
+  enum class refusal { none, array, values, string_bytes };
+  std::size_t values = 0;        ///< values made, and promised by the arrays read
+  std::size_t string_bytes = 0;  ///< bytes of the strings made
+  refusal refused = refusal::none;
+  long long refused_array = 0;  ///< when refused is array: its elements
+};
+
+/// Makes `reader` refuse a reply with an array of more than max_reply_array elements, more than
+/// max_reply_values values, or more than max_reply_bytes in its strings. hiredis makes each value
+/// as soon as it is read, so a hostile server's endless arrays would otherwise grow memory for as
+/// long as it sends. A refused reply fails the reader as out of memory, and `budget` (which must
+/// outlive the reader) tells why (the callbacks run inside hiredis, so they only note it).
+void bound_replies(redisReader& reader, reply_budget& budget) noexcept;
+
+/// Why the reader refused a reply, in words; empty when it has not.
+std::string why_refused(const reply_budget& budget);
 
 /// Why `reader`, once the whole replies it holds are read from it, must read no more: the reply
 /// it is reading holds more than max_reply_bytes, or a line longer than max_reply_line. Empty

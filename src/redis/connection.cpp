@@ -81,7 +81,8 @@ void connection::connect_to(const std::string& host) {
     redisAsyncFree(ac);
     return lost(why);
   }
-  bound_reply_arrays(*ac->c.reader);
+  reply_budget_ = {};
+  bound_replies(*ac->c.reader, reply_budget_);
   ac->data = this;
   attach(ac, strand_, &connection::after_read);
   redisAsyncSetConnectCallback(ac, &connection::on_connect);
@@ -169,18 +170,20 @@ void connection::on_connect(const redisAsyncContext* ac, int status) {
 
 void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
   auto* self = static_cast<connection*>(ac->data);
-  const long long refused = take_refused_array();  // what this read refused, if it refused an array
-  if (ac != self->ac_) return;                     // we dropped it ourselves
+  if (ac != self->ac_) return;  // we dropped it ourselves
   self->ac_ = nullptr;
-  if (refused != 0) {
-    std::string why = "connection to " + self->address_ + " dropped: a reply held an array of ";
-    why += std::to_string(refused);
-    why += " elements, more than ";
-    why += std::to_string(max_reply_array);
-    return self->lost(why);
+  std::string why = "connection to " + self->address_;
+  if (std::string refused = why_refused(self->reply_budget_); !refused.empty()) {
+    why += " dropped: ";  // the reader refused a reply (it failed as out of memory)
+    why += refused;
+  } else {
+    why += " lost";
+    if (ac->errstr && ac->err) {
+      why += ": ";
+      why += ac->errstr;
+    }
   }
-  self->lost("connection to " + self->address_ + " lost" +
-             (ac->errstr && ac->err ? std::string(": ") + ac->errstr : ""));
+  self->lost(why);
 }
 
 // What is held after the whole replies are read is the reply being read: one that grows past its

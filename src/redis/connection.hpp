@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 
+#include "redis/command.hpp"
 #include "redis/strand.hpp"
 #include "sluice/error.hpp"
 #include "sluice/redis_options.hpp"
@@ -104,6 +105,7 @@ class connection : public std::enable_shared_from_this<connection> {
   asio::steady_timer connect_timer_;
 
   redisAsyncContext* ac_ = nullptr;
+  reply_budget reply_budget_;     // of the context's reader
   std::uint64_t generation_ = 0;  // one per context, so a late wait knows it is stale
   bool ready_ = false;
   bool resolving_ = false;

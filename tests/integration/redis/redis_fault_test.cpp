@@ -282,13 +282,19 @@ class hostile_server {
 
 // Replies no Redis sends, each of which would have the connection wait while memory grows:
 // hiredis makes an array's elements when it reads the header (two billion of them would be 16 GB),
-// and keeps a string's or a line's bytes until it ends. The connection drops instead, and the checks
-// fail at once.
+// makes each value as soon as it is read, and keeps a string's or a line's bytes until it ends. The connection drops
+// instead, and the checks fail at once.
 TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
   const std::string endless_string = "$2000000000\r\n" + std::string(detail::max_reply_bytes + (1 << 20), 'x');
   const std::string endless_line = "+" + std::string(detail::max_reply_line + (1 << 10), 'x');
-  for (const std::string& hostile :
-       {std::string("*2000000000\r\n"), std::string("*2\r\n*2000000000\r\n"), endless_string, endless_line}) {
+  // 65,536 arrays of 65,536 integers would be four billion values; the 16th array is one too many.
+  std::string endless_arrays = "*65536\r\n";
+  for (int a = 0; a < 17; ++a) {
+    endless_arrays += "*65536\r\n";
+    for (int i = 0; i < detail::max_reply_array; ++i) endless_arrays += ":1\r\n";
+  }
+  for (const std::string& hostile : {std::string("*2000000000\r\n"), std::string("*2\r\n*2000000000\r\n"),
+                                     endless_string, endless_line, endless_arrays}) {
     hostile_server server(hostile);
     auto b =
         make_redis_backend({.addresses = {server.address()}, .command_timeout = 2s, .breaker_failure_threshold = 1000});

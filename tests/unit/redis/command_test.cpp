@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "redis/keys.hpp"
@@ -395,7 +396,8 @@ TEST(ParseTimeReply, SecondsAndMicroseconds) {
 TEST(BoundReplyArrays, AnArrayOverTheBoundFailsTheReaderBeforeAllocating) {
   auto read = [](const std::string& resp, bool bounded) {
     redisReader* r = redisReaderCreate();
-    if (bounded) bound_reply_arrays(*r);
+    reply_budget budget;
+    if (bounded) bound_replies(*r, budget);
     void* reply = nullptr;
     redisReaderFeed(r, resp.data(), resp.size());
     const int status = redisReaderGetReply(r, &reply);
@@ -421,6 +423,56 @@ TEST(BoundReplyArrays, AnArrayOverTheBoundFailsTheReaderBeforeAllocating) {
   EXPECT_EQ(read("*2\r\n*2000000000\r\n", true).first, REDIS_ERR);  // nested too
   // Without the bound hiredis takes the header and waits for the elements.
   EXPECT_EQ(read(header(max_reply_array + 1), false), std::pair(REDIS_OK, std::size_t{0}));
+}
+
+// A reply's values and its strings' bytes are bounded in all, however they are spread over arrays;
+// each reply starts a new count.
+TEST(BoundReplies, AReplyHoldsAtMostMaxReplyValuesAndMaxReplyBytes) {
+  auto read = [](const std::string& resp) {
+    redisReader* r = redisReaderCreate();
+    reply_budget budget;
+    bound_replies(*r, budget);
+    redisReaderFeed(r, resp.data(), resp.size());
+    int whole = 0;
+    void* reply = nullptr;
+    while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != nullptr) {
+      ++whole;
+      freeReplyObject(reply);
+      reply = nullptr;
+    }
+    const bool failed = r->err != 0;
+    redisReaderFree(r);
+    return std::tuple{whole, failed, why_refused(budget)};
+  };
+  // Arrays of max_reply_array integers: 15 of them make 983,056 values, 16 make 1,048,593.
+  std::string full = "*65536\r\n";
+  for (int i = 0; i < max_reply_array; ++i) full += ":1\r\n";
+  auto arrays = [&](int n) {
+    std::string out = "*";
+    out += std::to_string(n);
+    out += "\r\n";
+    for (int i = 0; i < n; ++i) out += full;
+    return out;
+  };
+  EXPECT_EQ(read(arrays(15)), std::tuple(1, false, std::string()));
+  EXPECT_EQ(read(arrays(16)), std::tuple(0, true, std::string("a reply held more than 1048576 values")));
+  // Strings: 16,000,000 bytes in two fit, 18,000,000 do not; a second reply counts anew.
+  auto strings = [](std::size_t each) {
+    std::string out = "*2\r\n";
+    for (int i = 0; i < 2; ++i) {
+      out += "$";
+      out += std::to_string(each);
+      out += "\r\n";
+      out.append(each, 'x');
+      out += "\r\n";
+    }
+    return out;
+  };
+  EXPECT_EQ(read(strings(8'000'000) + strings(8'000'000)), std::tuple(2, false, std::string()));
+  EXPECT_EQ(read(strings(9'000'000)),
+            std::tuple(0, true, std::string("a reply's strings held more than 16777216 bytes")));
+  EXPECT_EQ(read("*65537\r\n"),
+            std::tuple(0, true, std::string("a reply held an array of 65537 elements, more than 65536")));
 }
 
 // What a connection asks after each read: the reply being read may be a long string on its way, but
