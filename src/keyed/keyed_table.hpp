@@ -25,7 +25,6 @@
 #include <memory>
 #include <mutex>
 #include <new>
-#include <random>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -292,11 +291,6 @@ class keyed_table {
   };
 
   // Keys come from outside: a secret per-table key keeps chosen-collision floods out.
-  static sip_key random_sip_key() {
-    std::random_device rd;
-    auto word = [&] { return (static_cast<std::uint64_t>(rd()) << 32) | rd(); };
-    return {word(), word()};
-  }
   std::uint64_t hash(std::string_view key) const noexcept { return siphash<1, 3>(hash_key_, key); }
 
   std::size_t shard_count() const noexcept { return std::size_t{1} << shard_bits_; }

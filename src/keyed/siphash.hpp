@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string_view>
 
 namespace sluice::detail {
@@ -51,6 +52,21 @@ std::uint64_t siphash(const sip_key& key, std::string_view data) noexcept {
   for (int i = 0; i < FinalRounds; ++i) round();
   return v0 ^ v1 ^ v2 ^ v3;
 }
+
+/// A secret key for one table, from the system's random source.
+inline sip_key random_sip_key() {
+  std::random_device rd;
+  auto word = [&] { return (static_cast<std::uint64_t>(rd()) << 32) | rd(); };
+  return {word(), word()};
+}
+
+/// A table's hash of keys that come from outside, for std::unordered_map (transparent: lookups
+/// by string_view).
+struct keyed_hash {
+  using is_transparent = void;
+  sip_key key = random_sip_key();
+  std::size_t operator()(std::string_view s) const noexcept { return siphash<1, 3>(key, s); }
+};
 
 static_assert(std::endian::native == std::endian::little, "siphash loads words little-endian");
 

@@ -45,9 +45,7 @@ lease_table::lease_table(const rule& r, prepared_script script, std::size_t max_
   user_layer_.limit = script_.limit;
 }
 
-lease_table::shard& lease_table::shard_of(std::string_view key) {
-  return shards_[std::hash<std::string_view>{}(key) % shard_count];
-}
+lease_table::shard& lease_table::shard_of(std::string_view key) { return shards_[shard_hash_(key) % shard_count]; }
 
 std::int64_t lease_table::available(segment& s, std::int64_t now) const {
   if (now >= s.valid_until) return 0;

@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "keyed/siphash.hpp"
 #include "redis/command.hpp"
 #include "sluice/decision.hpp"
 #include "sluice/policy.hpp"
@@ -151,13 +152,10 @@ class lease_table {
     std::int64_t last_seen = 0;
     std::int64_t window_end = 0;  // windows: the end of the last lease's window
   };
-  struct string_hash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-  };
   struct shard {
     std::mutex mutex;
-    std::unordered_map<std::string, entry, string_hash, std::equal_to<>> entries;
+    // Keys come from outside: each shard's secret hash key keeps chosen-collision floods out.
+    std::unordered_map<std::string, entry, keyed_hash, std::equal_to<>> entries;
   };
   static constexpr std::size_t shard_count = 16;
   static constexpr std::size_t max_waiting = 64;
@@ -181,6 +179,7 @@ class lease_table {
   const std::shared_ptr<lease_counters> counters_;
   std::atomic<std::uint64_t> next_segment_{1};
   std::atomic<bool> dropped_{false};
+  const keyed_hash shard_hash_;
   std::array<shard, shard_count> shards_;
 };
 

@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
   auto step_ns = parse_duration(step);
   auto window_ns = parse_duration(window_of);
   if (!step_ns || step_ns->count() <= 0) return fail("--step must be a duration like 1s");
+  if (auto steps = cli::check_steps(requests.times, step_ns->count()); !steps) return fail(steps.error().message);
   if (!window_ns || window_ns->count() <= 0) return fail("--max-window must be a duration like 60s");
   std::vector<cli::simulation> runs;
   for (const policy& p : policies) {

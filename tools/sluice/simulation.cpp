@@ -5,6 +5,7 @@
 #include <deque>
 
 #include "sluice/limiter_state.hpp"
+#include "traffic.hpp"
 
 namespace sluice::cli {
 
@@ -21,6 +22,17 @@ std::string seconds_text(std::int64_t ns) {
 }
 
 }  // namespace
+
+result<void> check_steps(const std::vector<std::int64_t>& times, std::int64_t step_ns) {
+  if (step_ns <= 0 || step_ns > max_span_ns) return error(errc::invalid_argument, "--step must be at most 366d");
+  const std::int64_t end = times.empty() ? 1 : times.back() + 1;
+  const std::int64_t steps = end / step_ns + (end % step_ns != 0);
+  if (steps <= max_steps) return {};
+  std::string why = "--step ";
+  why += seconds_text(step_ns);
+  why += " makes " + std::to_string(steps) + " rows, more than " + std::to_string(max_steps) + ": take a longer step";
+  return error(errc::invalid_argument, why);
+}
 
 std::string describe(const policy& p) {
   char buf[128];

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "sluice/error.hpp"
 #include "sluice/policy.hpp"
 
 namespace sluice::cli {
@@ -25,6 +26,13 @@ struct simulation {
   std::int64_t max_admitted_in_window = 0;  ///< the most admitted in any window of `window_ns`
   std::int64_t window_ns = 0;
 };
+
+/// Most steps (table rows) a simulation may have.
+inline constexpr std::int64_t max_steps = 1'000'000;
+
+/// Whether steps of `step_ns` over `times` (sorted ns, within traffic's max_span_ns) make at most
+/// max_steps rows: simulate's and tally's precondition, for a step the user chose.
+result<void> check_steps(const std::vector<std::int64_t>& times, std::int64_t step_ns);
 
 /// "token_bucket rate=5/s burst=60", "sliding_window limit=100 window=60s".
 std::string describe(const policy& p);

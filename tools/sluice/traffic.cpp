@@ -53,11 +53,19 @@ error at(const token& t, const std::string& what) {
   return error(errc::invalid_argument, std::to_string(t.line) + ":" + std::to_string(t.column) + ": " + what);
 }
 
+// A time or duration, at most max_span_ns: sums of them (the cursor) stay far from overflowing.
 result<std::int64_t> time_of(const token& t) {
   if (t.text == "0") return std::int64_t{0};
   auto d = parse_duration(t.text);
   if (!d) return at(t, "expected a time like \"30s\" or \"250ms\", got \"" + std::string(t.text) + "\"");
+  if (d->count() > max_span_ns) return at(t, "longer than 366d");
   return d->count();
+}
+
+// The cursor moved on by `d`, if that stays within max_span_ns.
+result<std::int64_t> after(std::int64_t cursor, std::int64_t d, const token& where) {
+  if (d > max_span_ns - cursor) return at(where, "goes past 366d");
+  return cursor + d;
 }
 
 result<std::int64_t> count_of(const token& t) {
@@ -118,7 +126,9 @@ result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern) {
       if (s.size() != 2) return at(verb, "idle takes one duration, e.g. \"idle 20s\"");
       auto d = time_of(s[1]);
       if (!d) return d.error();
-      cursor += *d;
+      auto moved = after(cursor, *d, s[1]);
+      if (!moved) return moved.error();
+      cursor = *moved;
     } else if (verb.text.ends_with("/s")) {
       auto r = rate_of(verb);
       if (!r) return r.error();
@@ -127,7 +137,9 @@ result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern) {
         if (s.size() != 3) return at(s[1], "for takes one duration, e.g. \"for 30s\"");
         auto d = time_of(s[2]);
         if (!d) return d.error();
-        to = cursor + *d;
+        auto end = after(cursor, *d, s[2]);
+        if (!end) return end.error();
+        to = *end;
       } else {
         if (auto e = expect(1, "from"); !e) return e.error();
         if (s.size() < 5) return at(s.back(), "expected \"from T1 to T2\"");
@@ -191,6 +203,9 @@ result<traffic> parse_csv(std::string_view text) {
   if (rows.empty()) return error(errc::invalid_argument, "no rows");
   std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   const double first = rows.front().first;
+  if ((rows.back().first - first) * 1e9 > static_cast<double>(max_span_ns)) {
+    return error(errc::invalid_argument, "the rows span more than 366d");
+  }
   for (const auto& [t, k] : rows) {
     out.times.push_back(std::llround((t - first) * 1e9));
     if (any_key) out.keys.push_back(k);

@@ -23,6 +23,9 @@ namespace sluice::cli {
 /// Most requests a pattern may make.
 inline constexpr std::size_t max_requests = 10'000'000;
 
+/// Latest time a pattern may reach, and the longest a CSV's rows may span: 366 days, in ns.
+inline constexpr std::int64_t max_span_ns = 366LL * 86'400 * 1'000'000'000;
+
 /// Requests to replay: times in ns from the start, sorted, and for each the key it concerns.
 struct traffic {
   std::vector<std::int64_t> times;

@@ -171,6 +171,17 @@ TEST(SipHash, ReferenceVectors) {
   EXPECT_EQ((siphash<2, 4>(key, message)), 0xa129ca6149be45e5ULL);
 }
 
+// Each table's hash (keyed_hash: the lease tables' maps) has a secret key of its own: keys that
+// collide in one table's hash do not in another's, and none can be found in advance. (Two random
+// keys hash one string alike by chance with odds of 2^-64.)
+TEST(SipHash, EachTableHashesWithItsOwnKey) {
+  const keyed_hash a, b;
+  int same = 0;
+  for (std::string_view k : {"tenant:acme", "user:1", ""}) same += a(k) == b(k);
+  EXPECT_EQ(same, 0);
+  EXPECT_EQ(a("user:1"), a(std::string("user:1"))) << "one table's hash is a function of the key";
+}
+
 // A limit changed at run time keeps what each key used: windows keep their counts under the new
 // limit, a token bucket keeps its tokens (x/time/rate's SetLimit/SetBurst).
 TEST(KeyedLimiter, RetunedWindowKeepsItsCounts) {

@@ -39,7 +39,11 @@ TEST(Traffic, ErrorsGiveLineAndColumn) {
            {"0/s for 1s", "1:1: expected a rate > 0"},
            {"5/s from 9s to 1s", "1:16: ends before it starts"},
            {"burst 1 at 1s extra", "1:15: unexpected \"extra\""},
-           {"burst 20000000", "1:1: more than 10000000 requests"}}) {
+           {"burst 20000000", "1:1: more than 10000000 requests"},
+           {"burst 1 at 367d", "1:12: longer than 366d"},
+           {"idle 200d; idle 200d", "1:17: goes past 366d"},
+           {"idle 300d\n1/s for 100d", "2:9: goes past 366d"},
+           {"1/s from 0s to 1000d", "1:16: longer than 366d"}}) {
     auto r = parse_traffic(pattern);
     ASSERT_FALSE(r.ok()) << pattern;
     EXPECT_EQ(r.error().message.rfind(message, 0), 0u) << r.error().message;
@@ -91,6 +95,7 @@ TEST(Traffic, CsvRowsWithKeys) {
        std::vector<std::pair<std::string, std::string>>{{"1\n2\nsoon,k\n", "row 3: expected a time in seconds"},
                                                         {"1,a,b\n", "row 1: expected time[,key]"},
                                                         {"-1\n", "row 1: expected a time"},
+                                                        {"0\n1e300\n", "the rows span more than 366d"},
                                                         {"", "no rows"}}) {
     auto r = parse_csv(csv);
     ASSERT_FALSE(r.ok()) << csv;
@@ -105,6 +110,20 @@ TEST(Simulate, EachKeyHasItsOwnLimit) {
   EXPECT_EQ(s.refused, 2);
   EXPECT_EQ(s.max_admitted_in_window, 2) << "the most any one key got";
   EXPECT_EQ(s.steps[0].remaining, 0);
+}
+
+// A step is chosen by the user: one that would make more rows than max_steps is refused before
+// any is made (1ms over a year of traffic was 31 billion of them).
+TEST(Simulate, StepsAreBounded) {
+  const std::vector<std::int64_t> year{0, 365 * 86'400 * second};
+  EXPECT_TRUE(check_steps(year, 60 * second).ok());
+  auto fine = check_steps(year, 1'000'000);
+  ASSERT_FALSE(fine.ok());
+  EXPECT_EQ(fine.error().message.rfind("--step 0.001s makes 31536000001 rows, more than 1000000", 0), 0u)
+      << fine.error().message;
+  EXPECT_FALSE(check_steps(year, 0).ok());
+  EXPECT_FALSE(check_steps(year, max_span_ns + 1).ok()) << "a step that would overflow start + step";
+  EXPECT_TRUE(check_steps({}, max_span_ns).ok());
 }
 
 TEST(Chart, OnePanelAndFourSeriesPerPolicy) {
