@@ -148,7 +148,7 @@ class keyed_table {
 
   /// `max_keys` is the hard cap over all shards (>= 1).
   keyed_table(Params params, std::size_t max_keys, State initial, sluice::when_full full = when_full::evict)
-      : initial_(std::move(initial)), hash_key_(random_sip_key()), when_full_(full) {
+      : initial_(std::move(initial)), when_full_(full) {
     // Few shards for small caps keep the cap exact; 16 for large ones spread the locks and keep
     // each shard's array large enough for huge pages.
     std::size_t shards = std::clamp<std::size_t>(std::bit_floor(std::max<std::size_t>(max_keys / 1024, 1)), 1, 16);
@@ -291,7 +291,7 @@ class keyed_table {
   };
 
   // Keys come from outside: a secret per-table key keeps chosen-collision floods out.
-  std::uint64_t hash(std::string_view key) const noexcept { return siphash<1, 3>(hash_key_, key); }
+  std::uint64_t hash(std::string_view key) const noexcept { return hash_(key); }
 
   std::size_t shard_count() const noexcept { return std::size_t{1} << shard_bits_; }
   shard& shard_for(std::uint64_t h) noexcept { return shards_[shard_bits_ == 0 ? 0 : h >> (64 - shard_bits_)]; }
@@ -427,7 +427,7 @@ class keyed_table {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   const State initial_;
-  const sip_key hash_key_;
+  const keyed_hash hash_;
   const sluice::when_full when_full_;
   unsigned shard_bits_ = 0;
   std::size_t shard_cap_ = 1;
