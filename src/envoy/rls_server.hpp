@@ -1,5 +1,6 @@
 // src/envoy/rls_server.hpp — Envoy's RateLimitService over gRPC: rls_service behind a gRPC server
-// (the callback API: no thread per call; an in-process backend answers on gRPC's own thread).
+// (the async API: a completion queue and its thread per core, no thread per call; an in-process
+// backend answers on the queue's thread, Redis on its connection's).
 //
 //   auto server = rls_server::start("127.0.0.1:8081", rls);   // "host:0" picks a free port
 //   server->port();  ...  server->shutdown(std::chrono::seconds(5));
