@@ -1,10 +1,11 @@
 // src/redis/breaker.hpp — the Redis backend's circuit breaker.
 //
 // Closed, checks go to Redis. After `breaker_failure_threshold` consecutive failures (timeouts,
-// a lost connection) the owner opens it: checks then follow on_error at once instead of paying the
-// timeout, and every `breaker_probe_interval` the breaker calls the owner's probe (which
-// reconnects) until the owner closes it on the first answer. A reply from Redis, error replies
-// included, ends a run of failures.
+// a lost connection, replies that decide nothing: malformed, or a redirection past max_redirects)
+// the owner opens it: checks then follow on_error at once instead of paying the timeout, and every
+// `breaker_probe_interval` the breaker calls the owner's probe (which reconnects) until the owner
+// closes it on the first answer. A reply that decides a check, error replies included, ends a run
+// of failures.
 //
 //   detail::breaker b(strand, options);
 //   if (b.failed(expired) && b.open()) log("circuit open");

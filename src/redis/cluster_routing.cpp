@@ -228,7 +228,7 @@ void redis_core::retire_idle_nodes() {
 
 // Every slot has a master, and each master answers (connected, circuit closed, not out of memory).
 bool redis_core::healthy() const {
-  if (!cluster_) return single_->ready && !single_->out_of_memory;
+  if (!cluster_) return single_->ready && !single_->out_of_memory && !single_->circuit.is_open();
   if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
   return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
     const node& n = *e.second;

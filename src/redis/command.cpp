@@ -503,11 +503,18 @@ namespace {
 // first bound_replies() makes those (before any reader can call them).
 const redisReplyObjectFunctions* hiredis_functions = nullptr;
 
-// Counts a value of the reply `task` is part of (its first value starts the count), with the
-// elements it promises and the bytes it holds; false past a bound, the refusal noted.
+// Counts a value of the reply `task` is part of (its first value starts the count and takes a
+// command waiting), with the elements it promises and the bytes it holds; false past a bound or
+// with no command waiting, the refusal noted.
 bool within_budget(const redisReadTask* task, std::size_t elements, std::size_t bytes) noexcept {
   auto& b = *static_cast<reply_budget*>(task->privdata);
   if (task->parent == nullptr) {
+    // A new reply: it answers the oldest command waiting, if any.
+    if (b.awaited == 0) {
+      b.refused = reply_budget::refusal::unsolicited;
+      return false;
+    }
+    --b.awaited;
     b.values = 1;  // an element was counted when its array was read
     b.string_bytes = 0;
   }
@@ -564,6 +571,7 @@ std::string why_refused(const reply_budget& budget) {
     case reply_budget::refusal::values: return "a reply held more than " + std::to_string(max_reply_values) + " values";
     case reply_budget::refusal::string_bytes:
       return "a reply's strings held more than " + std::to_string(max_reply_bytes) + " bytes";
+    case reply_budget::refusal::unsolicited: return "a reply came with no command waiting";
   }
   return {};
 }

@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -209,17 +210,21 @@ inline constexpr std::size_t max_reply_line = 64 << 10;
 
 /// What a bounded reader has made of the reply it is reading, and what it refused.
 struct reply_budget {
-  enum class refusal { none, array, values, string_bytes };
+  enum class refusal { none, array, values, string_bytes, unsolicited };
+  /// Replies the reader may still make: one per command queued on the connection (sluice never
+  /// subscribes or monitors). hiredis 0.14 asserts on a reply no command waits for, so the reader
+  /// refuses it first. A reader fed by hand (tests, the fuzzer) leaves it unbounded.
+  std::size_t awaited = std::numeric_limits<std::size_t>::max();
   std::size_t values = 0;        ///< values made, and promised by the arrays read
   std::size_t string_bytes = 0;  ///< bytes of the strings made
   refusal refused = refusal::none;
   long long refused_array = 0;  ///< when refused is array: its elements
 };
 
-/// Makes `reader` refuse a reply with an array of more than max_reply_array elements, more than
-/// max_reply_values values, or more than max_reply_bytes in its strings. hiredis makes each value
-/// as soon as it is read, so a hostile server's endless arrays would otherwise grow memory for as
-/// long as it sends. A refused reply fails the reader as out of memory, and `budget` (which must
+/// Makes `reader` refuse a reply no command waits for (budget.awaited), or with an array of more
+/// than max_reply_array elements, more than max_reply_values values, or more than max_reply_bytes
+/// in its strings. hiredis makes each value as soon as it is read, so a hostile server's endless
+/// arrays would otherwise grow memory for as long as it sends. A refused reply fails the reader as out of memory, and `budget` (which must
 /// outlive the reader) tells why (the callbacks run inside hiredis, so they only note it).
 void bound_replies(redisReader& reader, reply_budget& budget) noexcept;
 

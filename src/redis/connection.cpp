@@ -81,7 +81,7 @@ void connection::connect_to(const std::string& host) {
     redisAsyncFree(ac);
     return lost(why);
   }
-  reply_budget_ = {};
+  reply_budget_ = {.awaited = 0};  // each command queued adds one (queued)
   bound_replies(*ac->c.reader, reply_budget_);
   ac->data = this;
   attach(ac, strand_, &connection::after_read);
@@ -106,31 +106,38 @@ void connection::handshake(redisAsyncContext* ac) {
     if (username_.empty()) {
       const char* argv[] = {"AUTH", password_.c_str()};
       const std::size_t lens[] = {4, password_.size()};
-      redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 2, argv, lens);
+      queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 2, argv, lens));
     } else {
       const char* argv[] = {"AUTH", username_.c_str(), password_.c_str()};
       const std::size_t lens[] = {4, username_.size(), password_.size()};
-      redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 3, argv, lens);
+      queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 3, argv, lens));
     }
   }
   if (database_ != 0) {
     std::string db = std::to_string(database_);
     const char* argv[] = {"SELECT", db.c_str()};
     const std::size_t lens[] = {6, db.size()};
-    redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SELECT"), 2, argv, lens);
+    queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SELECT"), 2, argv, lens));
   }
   for (const auto& s : scripts()) {
     const char* argv[] = {"SCRIPT", "LOAD", s.body.c_str()};
     const std::size_t lens[] = {6, 4, s.body.size()};
-    redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SCRIPT LOAD"), 3, argv, lens);
+    queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SCRIPT LOAD"), 3, argv, lens));
   }
-  redisAsyncCommand(ac, &connection::on_time, nullptr, "TIME");  // the first clock offset
-  redisAsyncCommand(ac, &connection::on_handshake, const_cast<char*>("PING"), "PING");
+  queued(redisAsyncCommand(ac, &connection::on_time, nullptr, "TIME"));  // the first clock offset
+  queued(redisAsyncCommand(ac, &connection::on_handshake, const_cast<char*>("PING"), "PING"));
 }
 
 bool connection::send(std::string_view resp, redisCallbackFn* fn, void* privdata) {
   if (ac_ == nullptr) return false;
-  return redisAsyncFormattedCommand(ac_, fn, privdata, resp.data(), resp.size()) == REDIS_OK;
+  return queued(redisAsyncFormattedCommand(ac_, fn, privdata, resp.data(), resp.size()));
+}
+
+// hiredis queued a callback for the command (status REDIS_OK): its reader may make one more reply.
+bool connection::queued(int status) {
+  if (status != REDIS_OK) return false;
+  ++reply_budget_.awaited;
+  return true;
 }
 
 void connection::drop(const std::string& why) {
@@ -138,6 +145,12 @@ void connection::drop(const std::string& why) {
   ac_ = nullptr;  // first: the callbacks hiredis runs while freeing it see a context no longer ours
   if (ac != nullptr) redisAsyncFree(ac);
   lost(why);
+}
+
+void connection::drop_soon(const std::string& why) {
+  asio::post(strand_, [self = shared_from_this(), gen = generation_, why] {
+    if (gen == self->generation_ && self->ac_ != nullptr) self->drop(why);
+  });
 }
 
 void connection::close() {
@@ -209,11 +222,7 @@ void connection::on_handshake(redisAsyncContext* ac, void* reply_ptr, void* priv
   std::string_view step = static_cast<const char*>(privdata);
   if (reply == nullptr || ac != self->ac_ || self->closed_) return;
   if (reply->type == REDIS_REPLY_ERROR) {
-    std::string why = std::string(step) + " failed on " + self->address_ + ": " + std::string(reply->str, reply->len);
-    // Dropping the context inside its own callback is not allowed: do it next.
-    asio::post(self->strand_, [s = self->shared_from_this(), gen = self->generation_, why] {
-      if (gen == s->generation_ && s->ac_ != nullptr) s->drop(why);
-    });
+    self->drop_soon(std::string(step) + " failed on " + self->address_ + ": " + std::string(reply->str, reply->len));
     return;
   }
   if (step == "PING") self->on_handshake_done();

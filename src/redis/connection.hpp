@@ -5,8 +5,9 @@
 // (the first reading of the server's clock) and PING, whose answer makes the connection ready.
 // Commands sent meanwhile and after (send) are pipelined behind it and each other, in order; each
 // callback gets its reply, or a null reply when the connection goes away. A refused handshake
-// step, no answer within connect_timeout, a failed connect or a lost connection end it: `lost`
-// says why, and a later connect() makes a new one (when is the owner's breaker's business).
+// step, no answer within connect_timeout, a failed connect, a lost connection or a reply no command
+// waits for end it: `lost` says why, and a later connect() makes a new one (when is the owner's
+// breaker's business).
 //
 //   auto c = std::make_shared<detail::connection>(strand, *parse_endpoint("10.0.0.5:6379"), options,
 //                                                 detail::connection::events{...});
@@ -75,6 +76,9 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Frees the context now (never from inside one of its callbacks): callbacks get null replies,
   /// then `lost(why)`.
   void drop(const std::string& why);
+  /// drop(why) next on the strand, if this context is still the current one: from inside its
+  /// callbacks.
+  void drop_soon(const std::string& why);
 
   /// The end: frees the context (callbacks get null replies), stops every wait, no more events.
   void close();
@@ -87,6 +91,7 @@ class connection : public std::enable_shared_from_this<connection> {
   void handshake(redisAsyncContext* ac);
   void on_handshake_done();
   void lost(const std::string& why);
+  bool queued(int status);
 
   static void on_connect(const redisAsyncContext* ac, int status);
   static void on_disconnect(const redisAsyncContext* ac, int status);

@@ -452,7 +452,6 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
     for (auto& o : ops) fail(o, errc::backend_unavailable, "connection to " + n.address + " lost");
     return;
   }
-  n.circuit.succeeded();
   if (reply->type == REDIS_REPLY_ERROR) {
     const std::string_view msg(reply->str, reply->len);
     const reply_error kind = classify_error(msg);
@@ -475,6 +474,7 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
       }
       return;
     }
+    n.circuit.succeeded();
     for (auto& o : ops) {
       fail(o, errc::backend_protocol, "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200)));
     }
@@ -483,6 +483,7 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
   set_out_of_memory(n, false);
   if (std::int64_t t = reply_time(*reply); t >= 0) n.clock.observe(t, server_clock::local_now_us());
   if (is_expired_reply(*reply)) {
+    n.circuit.succeeded();
     for (auto& o : ops)
       fail(o, errc::backend_timeout, "the checks reached Redis after their deadline; nothing was recorded");
     return;
@@ -499,9 +500,11 @@ void redis_core::handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisRepl
   }
   auto decisions = parse_batch_reply(calls, *reply);
   if (!decisions) {
+    node_failed(n, ops.size());
     for (auto& o : ops) fail(o, errc::backend_protocol, decisions.error().message);
     return;
   }
+  n.circuit.succeeded();
   std::size_t at = 0;
   for (auto& o : ops) {
     const std::size_t count = o->all ? o->part.size() : 1;
@@ -548,20 +551,30 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool 
     // script may have run: the check is never sent again.
     return fail(o, errc::backend_unavailable, "connection to " + n.address + " lost");
   }
-  n.circuit.succeeded();  // the node answered: its connection is healthy
+  // A reply that decides the check, an error included, shows the node works; one that decides
+  // nothing (malformed, or a redirection or retry not followed: past max_redirects, to no usable
+  // node) counts for its breaker as a timeout does. One followed counts as what comes of it.
   if (reply->type == REDIS_REPLY_ERROR) {
     const std::string_view msg(reply->str, reply->len);
     if (redirect(o, n, msg, asking)) return;
-    if (classify_error(msg) == reply_error::oom) set_out_of_memory(n, true);
-    return fail(o, errc::backend_protocol, "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200)));
+    std::string why = "Redis error from " + n.address + ": " + std::string(msg.substr(0, 200));
+    const reply_error kind = classify_error(msg);
+    if (kind != reply_error::other && kind != reply_error::oom) {
+      if (o->redirects > 0) why += " (after " + std::to_string(o->redirects) + " redirections)";
+      return failed_reply(o, n, why);
+    }
+    n.circuit.succeeded();
+    if (kind == reply_error::oom) set_out_of_memory(n, true);
+    return fail(o, errc::backend_protocol, why);
   }
   set_out_of_memory(n, false);
   if (std::int64_t t = reply_time(*reply); t >= 0) n.clock.observe(t, server_clock::local_now_us());
   if (is_expired_reply(*reply)) {
+    n.circuit.succeeded();
     return fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
   }
   if (o->lease) {
-    finish_lease(o, *reply);
+    finish_lease(o, n, *reply);
     trim_inflight();
     return;
   }
@@ -569,14 +582,16 @@ void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool 
     std::vector<const prepared_script*> calls;
     for (std::size_t i : o->part) calls.push_back(&o->all->rules[i]->call);
     auto decisions = parse_batch_reply(calls, *reply);
-    if (!decisions) return fail(o, errc::backend_protocol, decisions.error().message);
+    if (!decisions) return failed_reply(o, n, decisions.error().message);
+    n.circuit.succeeded();
     redis_decisions_.fetch_add(o->part.size(), std::memory_order_relaxed);
     complete_part(o, std::move(decisions));
     trim_inflight();
     return;
   }
   auto d = parse_reply(o->rule->call, *reply);
-  if (!d) return fail(o, errc::backend_protocol, d.error().message);
+  if (!d) return failed_reply(o, n, d.error().message);
+  n.circuit.succeeded();
   redis_decisions_.fetch_add(1, std::memory_order_relaxed);
   complete(o, std::move(d));
   trim_inflight();
@@ -637,6 +652,12 @@ void redis_core::retry_later(const op_ptr& o) {
     if (self->stopping_) return;
     self->dispatch(o);
   }));
+}
+
+// A reply of `n` that decided nothing: a failure of the node, then of the check.
+void redis_core::failed_reply(const op_ptr& o, node& n, std::string_view why) {
+  node_failed(n, 1);
+  fail(o, errc::backend_protocol, why);
 }
 
 void redis_core::complete(const op_ptr& o, result<decision> r) {
@@ -804,18 +825,10 @@ void redis_core::expire_due() {
       ++it->second;
     }
   }
-  std::vector<node*> tripped;
-  for (auto [n, count] : unanswered) {
-    if (!n->circuit.failed(count)) continue;
-    // Open the circuit before completing: a caller woken by this timeout already sees it open.
-    open_circuit(*n, std::to_string(n->circuit.consecutive_failures()) + " consecutive failures");
-    tripped.push_back(n);
-  }
+  // Before completing: a caller woken by this timeout already sees the circuit open.
+  for (auto [n, count] : unanswered) node_failed(*n, count);
   for (const auto& o : expired) fail(o, errc::backend_timeout, "no reply within command_timeout");
   std::erase_if(awaiting_map_, [](const op_ptr& o) { return o->done; });
-  for (node* n : tripped) {
-    if (n->conn->open()) n->conn->drop(std::to_string(n->circuit.consecutive_failures()) + " consecutive failures");
-  }
   arm_deadline();
 }
 
@@ -883,6 +896,16 @@ void redis_core::on_node_lost(node& n, const std::string& why) {
   open_circuit(n, why);
   update_ready();
   if (cluster_) request_refresh();  // a failover, perhaps: where its slots went, the map says
+}
+
+// `count` more consecutive failures of the node (checks it did not answer in time, or answered with
+// replies that decide nothing). At the threshold the circuit opens and the connection drops (next:
+// this may run inside its callbacks); the probe's new connection closes it again.
+void redis_core::node_failed(node& n, std::size_t count) {
+  if (!n.circuit.failed(count)) return;
+  const std::string why = std::to_string(n.circuit.consecutive_failures()) + " consecutive failures";
+  open_circuit(n, why);
+  n.conn->drop_soon(why);
 }
 
 void redis_core::open_circuit(node& n, const std::string& why) {

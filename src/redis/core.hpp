@@ -219,6 +219,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking);
   bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
+  void failed_reply(const op_ptr& o, node& n, std::string_view why);
   void complete(const op_ptr& o, result<decision> r);
   void submit_part(const std::shared_ptr<all_call>& call, command c, std::vector<std::size_t> part);
   void complete_part(const op_ptr& o, result<std::vector<decision>> r);
@@ -235,7 +236,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
                     bool resumed = false);
   bool send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
                   const redis_prepared_rule* rule, check_handler handler);
-  void finish_lease(const op_ptr& o, const redisReply& reply);
+  void finish_lease(const op_ptr& o, node& n, const redisReply& reply);
   void fail_lease(const op_ptr& o);
   void lease_call_finished();
   void after_lease_calls(std::function<void()> f);
@@ -249,6 +250,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void close_node(node& n);
   void on_node_ready(node& n);
   void on_node_lost(node& n, const std::string& why);
+  void node_failed(node& n, std::size_t count);
   void open_circuit(node& n, const std::string& why);
   void set_out_of_memory(node& n, bool oom);
   void schedule_oom_probe(const node_ptr& n);

@@ -129,7 +129,7 @@ bool redis_core::send_lease(std::shared_ptr<lease_call> call, command c, const c
 }
 
 // On the strand: a lease call's reply (not an error, not expired).
-void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
+void redis_core::finish_lease(const op_ptr& o, node& n, const redisReply& reply) {
   lease_call& l = *o->lease;
   lease_table& t = *l.table;
   switch (l.what) {
@@ -140,12 +140,14 @@ void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
         t.counters().units_returned.fetch_add(static_cast<std::uint64_t>(reply.element[0]->integer),
                                               std::memory_order_relaxed);
       }
+      n.circuit.succeeded();
       complete(o, decision{});
       break;
     }
     case lease_call::kind::user_layer: {
       auto d = parse_reply(t.user_layer(), reply);
-      if (!d) return fail(o, errc::backend_protocol, d.error().message);
+      if (!d) return failed_reply(o, n, d.error().message);
+      n.circuit.succeeded();
       redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       if (!d->allowed) t.undo(l.key, l.reserved, local_ns());
       complete(o, combine_layers(l.tenant, *d));
@@ -154,7 +156,8 @@ void redis_core::finish_lease(const op_ptr& o, const redisReply& reply) {
     case lease_call::kind::take:
     case lease_call::kind::refill: {
       auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, l.cost, l.want, reply);
-      if (!r) return fail(o, errc::backend_protocol, r.error().message);
+      if (!r) return failed_reply(o, n, r.error().message);
+      n.circuit.succeeded();
       if (l.what == lease_call::kind::take) redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       decision check = r->check;
       std::vector<lease_waiter> waiting =

@@ -19,9 +19,13 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "integration/redis/redis_server.hpp"
 #include "redis/command.hpp"  // the reply bounds
@@ -194,11 +198,13 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
 // Over maxmemory every script is refused whole (none writes a byte), readiness goes false, and it
 // comes back by itself once memory is free, with no check needed to find out.
 // Not Redis: on 127.0.0.1, it answers every command of the handshake +OK (PING +PONG), then every
-// script call with `hostile`. Reads RESP commands just well enough for that; serves one connection
-// at a time until destroyed.
+// script call with its script reply (set_script_reply may change it). As a cluster it also serves
+// every slot itself (CLUSTER SLOTS; CLUSTER SHARDS is refused, as before Redis 7). Reads RESP
+// commands just well enough for that; serves one connection at a time until destroyed.
 class hostile_server {
  public:
-  explicit hostile_server(std::string hostile) : hostile_(std::move(hostile)) {
+  explicit hostile_server(std::string script_reply, bool cluster = false)
+      : script_reply_(std::move(script_reply)), cluster_(cluster) {
     listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -218,6 +224,11 @@ class hostile_server {
   }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
   int script_calls() const { return script_calls_.load(); }
+  int connections() const { return connections_.load(); }
+  void set_script_reply(std::string reply) {
+    std::lock_guard lock(mutex_);
+    script_reply_ = std::move(reply);
+  }
 
  private:
   // Waits (bounded, so that stop_ is seen) until `fd` is readable.
@@ -228,28 +239,40 @@ class hostile_server {
     }
     return false;
   }
+  std::string reply_to(const std::vector<std::string>& command) {
+    const std::string& name = command.front();
+    if (name == "EVALSHA" || name == "EVAL") {
+      script_calls_.fetch_add(1);
+      std::lock_guard lock(mutex_);
+      return script_reply_;
+    }
+    if (name == "PING") return pong;
+    if (cluster_ && name == "CLUSTER" && command.size() > 1 && command[1] == "SLOTS") {
+      return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port_) + "\r\n";
+    }
+    if (name == "CLUSTER") return "-ERR unknown subcommand\r\n";
+    return ok;
+  }
   void serve() {
     while (readable(listener_)) {
       const int fd = ::accept(listener_, nullptr, nullptr);
       if (fd < 0) continue;
+      connections_.fetch_add(1);
       std::string in;
       char buf[4096];
       while (readable(fd)) {
         const ssize_t n = ::read(fd, buf, sizeof buf);
         if (n <= 0) break;
         in.append(buf, static_cast<std::size_t>(n));
-        while (auto name = next_command(in)) {
-          const bool script = *name == "EVALSHA" || *name == "EVAL";
-          if (script) script_calls_.fetch_add(1);
-          const std::string& out = script ? hostile_ : *name == "PING" ? pong : ok;
-          if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
-        }
+        std::string out;  // in one send: no small segment waits for another's ACK
+        while (auto command = next_command(in)) out += reply_to(*command);
+        if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
       }
       ::close(fd);
     }
   }
-  // The name of the first whole command in `in`, which it then drops; nullopt until one is whole.
-  static std::optional<std::string> next_command(std::string& in) {
+  // The first whole command in `in` (its arguments), which it then drops; nullopt until one is whole.
+  static std::optional<std::vector<std::string>> next_command(std::string& in) {
     std::size_t at = 0;
     auto number = [&](char lead) -> std::optional<long> {
       const std::size_t crlf = in.find("\r\n", at);
@@ -259,24 +282,27 @@ class hostile_server {
       return n;
     };
     const auto argc = number('*');
-    if (!argc) return std::nullopt;
-    std::string name;
+    if (!argc || *argc < 1) return std::nullopt;
+    std::vector<std::string> args;
     for (long i = 0; i < *argc; ++i) {
       const auto len = number('$');
       if (!len || at + static_cast<std::size_t>(*len) + 2 > in.size()) return std::nullopt;
-      if (i == 0) name = in.substr(at, static_cast<std::size_t>(*len));
+      if (i < 2) args.push_back(in.substr(at, static_cast<std::size_t>(*len)));  // the name, a subcommand
       at += static_cast<std::size_t>(*len) + 2;
     }
     in.erase(0, at);
-    return name;
+    return args;
   }
 
   inline static const std::string ok = "+OK\r\n", pong = "+PONG\r\n";
-  std::string hostile_;
+  std::mutex mutex_;
+  std::string script_reply_;  // guarded by mutex_
+  const bool cluster_;
   int listener_ = -1;
   int port_ = 0;
   std::atomic<bool> stop_{false};
   std::atomic<int> script_calls_{0};
+  std::atomic<int> connections_{0};
   std::thread thread_;
 };
 
@@ -296,8 +322,10 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
   for (const std::string& hostile : {std::string("*2000000000\r\n"), std::string("*2\r\n*2000000000\r\n"),
                                      endless_string, endless_line, endless_arrays}) {
     hostile_server server(hostile);
+    // Far above the 2–3 s a 17 MB reply takes to refuse under ASan on a loaded machine: a timeout
+    // counted here means the connection was not dropped.
     auto b =
-        make_redis_backend({.addresses = {server.address()}, .command_timeout = 2s, .breaker_failure_threshold = 1000});
+        make_redis_backend({.addresses = {server.address()}, .command_timeout = 10s, .breaker_failure_threshold = 1000});
     ASSERT_TRUE(b.ok());
     const auto start = steady::now();
     while (server.script_calls() == 0 && steady::now() - start < 5s) {
@@ -316,6 +344,151 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
     }
     EXPECT_EQ((*b)->stats().timeouts, 0u) << hostile.substr(0, 16);
     EXPECT_GE((*b)->stats().unavailable, 1u) << hostile.substr(0, 16);
+  }
+}
+
+// What the backend logs while it lives, in place of the default logger.
+class log_capture {
+ public:
+  log_capture() : previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(
+        std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)));
+  }
+  ~log_capture() { spdlog::set_default_logger(previous_); }
+  std::string text() {
+    spdlog::default_logger()->flush();
+    return out_.str();
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// A valid reply of window_rule's script: admitted, 999 left, {allowed, remaining, retry µs, reset µs,
+// server µs}.
+const std::string admitted_reply = "*5\r\n:1\r\n:999\r\n:0\r\n:60000000\r\n:1700000000000000\r\n";
+
+redis_options hostile_options(const hostile_server& server) {
+  return {.addresses = {server.address()},
+          .command_timeout = 2s,  // never reached: every failure here is at once
+          .on_error = failure_policy::deny,
+          .breaker_failure_threshold = 3,
+          .breaker_probe_interval = 100ms,
+          .error_log_interval = 1ms};
+}
+
+// Checks (bounded) until the server has accepted `connections` connections; each decision is the
+// script's or on_error's. Returns how many on_error decided.
+int check_until_connections(backend& b, const hostile_server& server, int connections) {
+  int on_error = 0;
+  const auto start = steady::now();
+  while (server.connections() < connections && steady::now() - start < 5s) {
+    auto d = b.check({.rule = &window_rule, .key = "k"});
+    EXPECT_TRUE(d.ok());
+    if (!d) continue;
+    EXPECT_TRUE(d->source == decision_source::limiter || d->source == decision_source::fail_closed);
+    if (d->source == decision_source::fail_closed) ++on_error;
+    std::this_thread::sleep_for(5ms);  // polls the server's connections
+  }
+  EXPECT_GE(server.connections(), connections);
+  return on_error;
+}
+
+// A reply after the one a script call waited for answers nothing: hiredis 0.14 would assert (and
+// end the process) on it. The connection drops with the reason; until it is back, on_error decides.
+TEST(RedisFaultTest, AReplyNobodyAskedForDropsTheConnection) {
+  hostile_server server(admitted_reply + "+OK\r\n");
+  log_capture log;
+  auto b = make_redis_backend(hostile_options(server));
+  ASSERT_TRUE(b.ok());
+  const int on_error = check_until_connections(**b, server, 3);  // dropped twice, reconnected twice
+  EXPECT_GE(on_error, 1);
+  EXPECT_GE(server.script_calls(), 2);
+  EXPECT_EQ((*b)->stats().timeouts, 0u);
+  EXPECT_GE((*b)->stats().redis_decisions, 2u) << "the reply that was asked for decided its check";
+  EXPECT_NE(log.text().find("connection to " + server.address() + " dropped: a reply came with no command waiting"),
+            std::string::npos)
+      << log.text();
+}
+
+// The same on a cluster node, after a TRYAGAIN (which the check retries): the check follows
+// on_error at once.
+TEST(RedisFaultTest, ClusterAReplyNobodyAskedForDropsTheConnection) {
+  hostile_server server("-TRYAGAIN Multiple keys request during rehashing of slot\r\n+OK\r\n", true);
+  log_capture log;
+  auto b = make_redis_cluster_backend(hostile_options(server));
+  ASSERT_TRUE(b.ok());
+  const int on_error = check_until_connections(**b, server, 3);
+  EXPECT_GE(on_error, 2);
+  EXPECT_GE(server.script_calls(), 2);
+  EXPECT_EQ((*b)->stats().timeouts, 0u);
+  EXPECT_EQ((*b)->stats().redis_decisions, 0u);
+  EXPECT_NE(log.text().find("connection to " + server.address() + " dropped: a reply came with no command waiting"),
+            std::string::npos)
+      << log.text();
+}
+
+// Checks (bounded) until the backend is no longer ready: each follows on_error. Returns how many.
+int check_until_not_ready(backend& b) {
+  int checks = 0;
+  bool ready = b.ready();  // as seen: a probe may reconnect at any time after
+  while (ready && checks < 100) {
+    auto d = b.check({.rule = &window_rule, .key = "k"});
+    ++checks;
+    ready = b.ready();
+    EXPECT_TRUE(d.ok());
+    if (!d) continue;
+    EXPECT_EQ(d->source, decision_source::fail_closed);
+  }
+  EXPECT_FALSE(ready);
+  return checks;
+}
+
+bool ready_within(backend& b, steady::duration limit) {
+  const auto start = steady::now();
+  while (!b.ready() && steady::now() - start < limit) std::this_thread::sleep_for(10ms);
+  return b.ready();
+}
+
+// A server whose every script reply is malformed decides no check: its breaker opens as for one
+// that does not answer, and readiness follows; both come back once its replies are good again.
+TEST(RedisFaultTest, MalformedScriptRepliesOpenTheBreakerUntilRepliesAreGood) {
+  for (const std::string malformed : {":1\r\n", "*5\r\n:7\r\n:0\r\n:0\r\n:0\r\n:0\r\n", "*2\r\n$1\r\nx\r\n:1\r\n"}) {
+    hostile_server server(malformed);
+    auto b = make_redis_backend(hostile_options(server));
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(ready_within(**b, 5s));
+    EXPECT_LE(check_until_not_ready(**b), 3) << "breaker_failure_threshold malformed replies";
+    auto s = (*b)->stats();
+    EXPECT_GE(s.protocol_errors, 3u);
+    EXPECT_EQ(s.timeouts, 0u);
+    EXPECT_GE(s.circuit_opens, 1u);
+    server.set_script_reply(admitted_reply);
+    EXPECT_TRUE(time_until_redis_decides(**b, 5s).has_value());
+    EXPECT_TRUE(ready_within(**b, 5s));
+  }
+}
+
+// A cluster node that redirects every check to itself (MOVED or ASK) answers none: after
+// max_redirects each follows on_error and counts for the breaker, so readiness follows.
+TEST(RedisFaultTest, ClusterRedirectionLoopOpensTheBreakerUntilItEnds) {
+  for (const std::string kind : {"MOVED", "ASK"}) {
+    hostile_server server(admitted_reply, true);
+    auto b = make_redis_cluster_backend(hostile_options(server));
+    ASSERT_TRUE(b.ok());
+    ASSERT_TRUE(ready_within(**b, 5s)) << kind;
+    server.set_script_reply("-" + kind + " 0 " + server.address() + "\r\n");
+    const int calls_before = server.script_calls();
+    EXPECT_LE(check_until_not_ready(**b), 3) << kind;
+    auto s = (*b)->stats();
+    EXPECT_GE(s.redirections, 3u * 5) << kind;
+    EXPECT_GE(server.script_calls() - calls_before, 3 * 6) << kind << ": each check sent once and redirected 5 times";
+    EXPECT_EQ(s.timeouts, 0u) << kind;
+    EXPECT_GE(s.circuit_opens, 1u) << kind;
+    server.set_script_reply(admitted_reply);
+    EXPECT_TRUE(time_until_redis_decides(**b, 5s).has_value()) << kind;
+    EXPECT_TRUE(ready_within(**b, 5s)) << kind;
   }
 }
 

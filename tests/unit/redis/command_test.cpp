@@ -475,6 +475,39 @@ TEST(BoundReplies, AReplyHoldsAtMostMaxReplyValuesAndMaxReplyBytes) {
             std::tuple(0, true, std::string("a reply held an array of 65537 elements, more than 65536")));
 }
 
+// A connection's reader makes one reply per command queued (budget.awaited): hiredis 0.14 asserts
+// on a reply no command waits for, so the reader fails first. Each reply counts once, however it
+// nests and whatever its type.
+TEST(BoundReplies, AReplyNoCommandWaitsForFailsTheReader) {
+  auto read = [](const std::string& resp, std::size_t awaited) {
+    redisReader* r = redisReaderCreate();
+    reply_budget budget{.awaited = awaited};
+    bound_replies(*r, budget);
+    redisReaderFeed(r, resp.data(), resp.size());
+    int whole = 0;
+    void* reply = nullptr;
+    while (redisReaderGetReply(r, &reply) == REDIS_OK && reply != nullptr) {
+      ++whole;
+      freeReplyObject(reply);
+      reply = nullptr;
+    }
+    const bool failed = r->err != 0;
+    redisReaderFree(r);
+    return std::tuple{whole, failed, why_refused(budget)};
+  };
+  const std::string unasked = "a reply came with no command waiting";
+  // Pipelined: nested arrays, an empty and a nil array, a nil, a string, a status, an error, an integer.
+  const std::string eight = "*2\r\n*1\r\n:1\r\n$-1\r\n*0\r\n*-1\r\n$-1\r\n$1\r\nx\r\n+OK\r\n-ERR no\r\n:5\r\n";
+  EXPECT_EQ(read(eight, 8), std::tuple(8, false, std::string()));
+  EXPECT_EQ(read(eight, 9), std::tuple(8, false, std::string()));  // one still waits
+  EXPECT_EQ(read(eight, 7), std::tuple(7, true, unasked));
+  EXPECT_EQ(read(eight + "+OK\r\n", 8), std::tuple(8, true, unasked));
+  EXPECT_EQ(read("+OK\r\n", 0), std::tuple(0, true, unasked));
+  EXPECT_EQ(read("-ERR max clients\r\n", 0), std::tuple(0, true, unasked));
+  // A reader fed by hand counts nothing.
+  EXPECT_EQ(read(eight, reply_budget{}.awaited), std::tuple(8, false, std::string()));
+}
+
 // What a connection asks after each read: the reply being read may be a long string on its way, but
 // never a line that does not end.
 TEST(OverlongReply, TheReplyBeingReadMayHoldALongStringButNoLongLine) {
