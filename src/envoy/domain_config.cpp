@@ -5,16 +5,101 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
-#include <fstream>
+#include <map>
 #include <set>
-#include <sstream>
 
+#include "core/file_text.hpp"
 #include "sluice/duration.hpp"
 
 namespace sluice::envoy {
 namespace {
 
 constexpr std::int64_t second_ns = 1'000'000'000;
+
+// The line (1-based) where `text`'s collections first nest deeper than max_yaml_depth, or 0. A scan
+// of the text as YAML lays it out: flow collections ([ {) opened where a node starts or inside
+// another flow collection; block ones by indentation and by "- " / "? " entries (compact ones
+// nest on one line). Quoted scalars, block scalars (| >) and comments hold no collections.
+std::size_t too_deep_at(std::string_view text) {
+  std::vector<std::size_t> block;  // the columns of the block nodes open
+  int flow = 0;
+  char quote = 0;                                 // inside a quoted scalar: its quote
+  std::size_t scalar_parent = std::string::npos;  // inside a block scalar: lines indented more are its text
+  bool node_start = false;                        // a node may start here
+  std::size_t line = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    ++line;
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view l = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (!l.empty() && l.back() == '\r') l.remove_suffix(1);
+    std::size_t indent = l.find_first_not_of(' ');
+    if (indent == std::string_view::npos) indent = l.size();
+    const bool blank = indent == l.size() || l[indent] == '#';
+    if (scalar_parent != std::string::npos) {
+      if (blank || indent > scalar_parent) continue;
+      scalar_parent = std::string::npos;
+    }
+    std::size_t i = 0;
+    if (quote == 0 && flow == 0) {
+      if (blank || l[0] == '%') continue;
+      if ((l.starts_with("---") || l.starts_with("...")) && (l.size() == 3 || l[3] == ' ')) {
+        block.clear();
+        i = 3;
+      } else {
+        while (!block.empty() && block.back() >= indent) block.pop_back();
+        block.push_back(indent);
+        i = indent;
+      }
+      node_start = true;
+    }
+    for (; i < l.size(); ++i) {
+      const char c = l[i];
+      if (quote != 0) {
+        if (quote == '"' && c == '\\') {
+          ++i;
+        } else if (c == quote) {
+          if (quote == '\'' && i + 1 < l.size() && l[i + 1] == '\'') {
+            ++i;  // '' is a quote inside a single-quoted scalar
+          } else {
+            quote = 0;
+          }
+        }
+        continue;
+      }
+      if (c == ' ' || c == '\t') continue;
+      if (c == '#' && (i == 0 || l[i - 1] == ' ' || l[i - 1] == '\t')) break;
+      const bool spaced = i + 1 == l.size() || l[i + 1] == ' ' || l[i + 1] == '\t';
+      if (node_start && flow == 0 && (c == '-' || c == '?') && spaced) {
+        const std::size_t next = l.find_first_not_of(" \t", i + 1);
+        if (next != std::string_view::npos && l[next] != '#') block.push_back(next);  // the entry's node
+      } else if (node_start && flow == 0 && (c == '|' || c == '>')) {
+        scalar_parent = indent;
+        break;
+      } else if (node_start && (c == '"' || c == '\'')) {
+        quote = c;
+        node_start = false;
+      } else if (node_start && (c == '&' || c == '!')) {  // an anchor or tag: the node follows
+        while (i + 1 < l.size() && l[i + 1] != ' ' && l[i + 1] != '\t') ++i;
+      } else if ((c == '[' || c == '{') && (node_start || flow > 0)) {
+        ++flow;
+        node_start = true;
+      } else if ((c == ']' || c == '}') && flow > 0) {
+        --flow;
+        node_start = false;
+      } else if (flow > 0 && c == ',') {
+        node_start = true;
+      } else if (c == ':' && (spaced || flow > 0)) {
+        node_start = true;  // a value follows
+      } else {
+        node_start = false;
+      }
+      if (block.size() + static_cast<std::size_t>(flow) > static_cast<std::size_t>(max_yaml_depth)) return line;
+    }
+  }
+  return 0;
+}
 
 // Reads one file's nodes; the first error ends the walk (thrown, caught once in parse_domain).
 class reader {
@@ -59,7 +144,8 @@ class reader {
     return v;
   }
 
-  rate_limit_config rate_limit(const YAML::Node& n) const {
+  rate_limit_config rate_limit(const YAML::Node& n) {
+    count_limit(n);
     expect_keys(n, {"unit", "requests_per_unit", "name", "unlimited", "replaces", "algorithm", "burst", "window"},
                 "a rate_limit");
     rate_limit_config r;
@@ -101,6 +187,7 @@ class reader {
       for (const YAML::Node& item : list) {
         expect_keys(item, {"name"}, "a replaces entry");
         if (!item["name"]) fail(item, "a replaces entry needs a name");
+        count_limit(item);
         r.replaces.push_back(scalar(item["name"], "name"));
       }
       if (r.name.empty()) fail(n, "a rate_limit that replaces others needs a name");
@@ -155,9 +242,73 @@ class reader {
   }
 
  private:
+  // An anchor's node is walked at each of its aliases: what it adds is counted each time.
+  void count_limit(const YAML::Node& at) {
+    if (++limits_ > max_limits_per_domain)
+      fail(at, "more than " + std::to_string(max_limits_per_domain) + " rate limits and replaces entries in one domain");
+  }
+
   std::string file_;
   std::size_t descriptors_ = 0;
+  std::size_t limits_ = 0;
 };
+
+// Limits that replace each other (or one itself) would turn each other off in every request they
+// both apply to: refused at the limit that closes the cycle.
+struct replaces_edge {
+  std::string_view to;
+  const rate_limit_config* by;
+};
+using replaces_graph = std::map<std::string_view, std::vector<replaces_edge>>;
+
+void add_edges(const std::vector<descriptor_config>& descriptors, replaces_graph& graph) {
+  for (const descriptor_config& d : descriptors) {
+    for (const rate_limit_config& l : d.limits) {
+      for (const std::string& to : l.replaces) graph[l.name].push_back({to, &l});
+    }
+    add_edges(d.descriptors, graph);  // at most max_descriptor_depth deep
+  }
+}
+
+std::optional<error> replaces_cycle(const domain_config& d) {
+  replaces_graph graph;
+  add_edges(d.descriptors, graph);
+  // A depth-first walk without recursion (a chain of replaces may be long): 1 on the path, 2 done.
+  std::map<std::string_view, int> state;
+  for (const auto& start : graph) {
+    if (state[start.first] != 0) continue;
+    std::vector<std::pair<std::string_view, std::size_t>> path{{start.first, 0}};  // name, next edge
+    state[start.first] = 1;
+    while (!path.empty()) {
+      const std::string_view name = path.back().first;
+      const std::vector<replaces_edge>& edges = graph.find(name)->second;
+      if (path.back().second == edges.size()) {
+        state[name] = 2;
+        path.pop_back();
+        continue;
+      }
+      const replaces_edge& e = edges[path.back().second++];
+      int& seen = state[e.to];
+      if (seen == 1) {
+        if (e.to == name)
+          return error(errc::config_invalid,
+                       e.by->where + ": rate_limit '" + std::string(name) + "' replaces itself, which would turn it off");
+        std::string cycle;
+        auto it = std::find_if(path.begin(), path.end(), [&](const auto& p) { return p.first == e.to; });
+        for (; it != path.end(); ++it) cycle += "'" + std::string(it->first) + "' replaces ";
+        return error(errc::config_invalid, e.by->where + ": replaces form a cycle (" + cycle + "'" +
+                                               std::string(e.to) + "'), which would turn these limits off");
+      }
+      if (seen == 0 && graph.contains(e.to)) {
+        seen = 1;
+        path.emplace_back(e.to, 0);
+      } else {
+        seen = 2;
+      }
+    }
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -214,6 +365,10 @@ result<domain_config> parse_domain(std::string_view yaml_text, std::string_view 
     return {errc::config_invalid,
             std::string(file) + ": larger than " + std::to_string(max_config_file_bytes) + " bytes"};
   }
+  if (const std::size_t line = too_deep_at(yaml_text)) {
+    return {errc::config_invalid, std::string(file) + ":" + std::to_string(line) + ": collections nest deeper than " +
+                                      std::to_string(max_yaml_depth) + " levels"};
+  }
   reader r(file);
   try {
     const YAML::Node root = YAML::Load(std::string(yaml_text));
@@ -224,6 +379,7 @@ result<domain_config> parse_domain(std::string_view yaml_text, std::string_view 
     d.domain = r.scalar(root["domain"], "domain");
     if (d.domain.empty()) r.fail(root["domain"], "domain must not be empty");
     if (root["descriptors"]) d.descriptors = r.descriptors(root["descriptors"], 1);
+    if (auto cycle = replaces_cycle(d)) return *cycle;
     return d;
   } catch (const error& e) {
     return e;
@@ -244,13 +400,9 @@ result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir
   std::sort(files.begin(), files.end());
   std::vector<domain_config> out;
   for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    std::string text;
-    text.resize(max_config_file_bytes + 1);
-    in.read(text.data(), static_cast<std::streamsize>(text.size()));
-    if (in.bad()) return {errc::config_invalid, f.string() + ": cannot be read"};
-    text.resize(static_cast<std::size_t>(in.gcount()));
-    auto d = parse_domain(text, f.string());
+    auto text = detail::read_file_text(f.string(), max_config_file_bytes);
+    if (!text) return text.error();
+    auto d = parse_domain(*text, f.string());
     if (!d) return d.error();
     for (const domain_config& other : out) {
       if (other.domain == d->domain)

@@ -14,7 +14,9 @@
 //
 // The sluice keys — `rate_limits`, and `algorithm`, `burst`, `window` on a limit — extend the
 // format; a file without them means what it means to envoyproxy/ratelimit. Any unknown key, wrong
-// type, duplicate key/value among siblings or impossible value is an error starting "file:line: ".
+// type, duplicate key/value among siblings, impossible value, nesting deeper than max_yaml_depth or
+// cycle of `replaces` (a limit replacing itself included: it would turn the limits off) is an error
+// starting "file:line: ".
 //
 // Thread-safe: pure functions over values.
 #pragma once
@@ -87,6 +89,12 @@ struct domain_config {
 inline constexpr std::size_t max_config_file_bytes = 4 << 20;
 inline constexpr std::size_t max_descriptors_per_domain = 100'000;
 inline constexpr int max_descriptor_depth = 16;
+/// Most rate limits and `replaces` entries in one domain, anchors' copies counted each time.
+inline constexpr std::size_t max_limits_per_domain = 100'000;
+/// Deepest nesting of YAML collections (flow [ { and block), refused before parsing: a real
+/// config nests a few levels per descriptor, and yaml-cpp's scanner holds every token of a deeper
+/// nesting in memory before its parser refuses it.
+inline constexpr int max_yaml_depth = 64;
 
 /// One file's domain. `file` prefixes every error message.
 result<domain_config> parse_domain(std::string_view yaml_text, std::string_view file);

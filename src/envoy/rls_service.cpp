@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <optional>
 #include <set>
+
+#include <spdlog/spdlog.h>
 
 #include "sluice/prometheus.hpp"
 
@@ -27,6 +30,29 @@ void append_counted(std::string& out, std::string_view s) {
   out += std::to_string(s.size());
   out += ':';
   out += s;
+}
+
+// A request's text in a log field: bare when it is a plain token, else quoted with escapes, so
+// that no domain can forge fields or lines.
+std::string log_field(std::string_view v) {
+  const bool plain = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/' || c == ':';
+  });
+  if (plain) return std::string(v);
+  std::string out = "\"";
+  for (char ch : v) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') out += '\\';
+    if (c < 0x20 || c >= 0x7f) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 0xf];
+    } else {
+      out += ch;
+    }
+  }
+  return out + '"';
 }
 
 std::uint32_t as_uint32(std::int64_t v) {
@@ -65,6 +91,7 @@ struct rls_service::call {
   std::vector<applied> limits;
   std::vector<check_request> enforcing, shadow;
   std::vector<decision> enforcing_out, shadow_out;
+  bool unknown_domain = false;  // no config defines the request's domain: nothing applies
   std::atomic<int> waiting{0};
   std::mutex mutex;
   std::optional<error> failed;  // guarded by mutex
@@ -144,6 +171,10 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
       for (const rls_limit& l : node->limits)
         c->limits.push_back({i, &l, node, node->counters, node->shadow_mode || hits == 0, hits == 0, 0});
     }
+  }
+  if (domain == nullptr) {
+    c->unknown_domain = true;
+    note_unknown_domain(req.domain());
   }
 
   // A limit named in another's `replaces` does not apply to this request.
@@ -320,8 +351,24 @@ void rls_service::finish(call& c) {
     header(options_.header_remaining, std::to_string(closest->limit_remaining()));
     header(options_.header_reset, std::to_string(reset.seconds() + (reset.nanos() > 0 ? 1 : 0)));
   }
-  (over ? over_limit_ : ok_).fetch_add(1, std::memory_order_relaxed);
+  (over ? over_limit_ : c.unknown_domain ? unknown_domain_ : ok_).fetch_add(1, std::memory_order_relaxed);
   c.done(grpc::Status::OK);
+}
+
+// As envoyproxy/ratelimit does, a domain no config defines limits nothing — so a misspelt domain in
+// Envoy's config turns limiting off: say so, once per domain, in bounded memory.
+void rls_service::note_unknown_domain(const std::string& domain) {
+  std::lock_guard lock(unknown_mutex_);
+  if (unknown_domains_full_ || unknown_domains_.contains(domain)) return;
+  if (unknown_domains_.size() == max_logged_unknown_domains) {
+    unknown_domains_full_ = true;
+    spdlog::warn("event=envoy_unknown_domains_not_logged max={} message=\"more unknown domains are only counted\"",
+                 max_logged_unknown_domains);
+    return;
+  }
+  unknown_domains_.insert(domain);
+  spdlog::warn("event=envoy_unknown_domain domain={} message=\"no config defines this domain: answered OK, no limit\"",
+               log_field(domain));
 }
 
 std::shared_ptr<const rls_service::override_limit> rls_service::override_for(const std::string& domain,
@@ -377,10 +424,13 @@ std::shared_ptr<const rls_service::override_limit> rls_service::override_for(con
 
 void rls_service::append_metrics(std::string& out) const {
   prometheus::family(out, "sluice_envoy_requests_total", "counter",
-                     "ShouldRateLimit calls by outcome: ok, over_limit, invalid (INVALID_ARGUMENT), failed.");
+                     "ShouldRateLimit calls by outcome: ok, over_limit, unknown_domain (answered OK, no limit), "
+                     "invalid (INVALID_ARGUMENT), failed.");
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"ok\"}", ok_.load(std::memory_order_relaxed));
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"over_limit\"}",
                      over_limit_.load(std::memory_order_relaxed));
+  prometheus::sample(out, "sluice_envoy_requests_total{code=\"unknown_domain\"}",
+                     unknown_domain_.load(std::memory_order_relaxed));
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"invalid\"}", invalid_.load(std::memory_order_relaxed));
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"failed\"}", failed_.load(std::memory_order_relaxed));
   counters_.append_metrics(out);

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "envoy/rls_rules.hpp"
@@ -38,6 +39,8 @@ inline constexpr int max_entries = 32;
 inline constexpr std::uint64_t max_hits = UINT32_MAX;
 /// Most distinct (domain, unit, requests_per_unit) overrides prepared at once.
 inline constexpr std::size_t max_override_limits = 1024;
+/// Most distinct unknown domains logged (each once); later ones are only counted.
+inline constexpr std::size_t max_logged_unknown_domains = 1024;
 
 class rls_service {
  public:
@@ -55,7 +58,8 @@ class rls_service {
   /// (nothing counted), UNAVAILABLE when the backend fails without an on_error decision.
   void decide(const pb::RateLimitRequest& req, pb::RateLimitResponse& resp, done_handler done);
 
-  /// Requests by outcome, and the descriptors' counters.
+  /// Requests by outcome (a domain no config defines is answered OK with no limit, counted as
+  /// unknown_domain and logged once), and the descriptors' counters.
   void append_metrics(std::string& prometheus_text) const;
 
  private:
@@ -66,6 +70,7 @@ class rls_service {
   std::shared_ptr<const override_limit> override_for(const std::string& domain, std::uint32_t requests_per_unit,
                                                      int unit_number, grpc::Status& status);
   void finish(call& c);
+  void note_unknown_domain(const std::string& domain);
 
   backend& backend_;
   const rls_options options_;
@@ -77,7 +82,10 @@ class rls_service {
   std::map<std::pair<std::string, unit>, prepared_rule_ptr> override_bases_;
   std::map<std::tuple<std::string, unit, std::uint32_t>, std::shared_ptr<const override_limit>> overrides_;
   std::map<std::string, prepared_rule_ptr> deny_rules_;  // requests_per_unit 0, per domain
-  std::atomic<std::uint64_t> ok_{0}, over_limit_{0}, invalid_{0}, failed_{0};
+  std::atomic<std::uint64_t> ok_{0}, over_limit_{0}, invalid_{0}, failed_{0}, unknown_domain_{0};
+  std::mutex unknown_mutex_;
+  std::set<std::string, std::less<>> unknown_domains_;  // logged; guarded by unknown_mutex_
+  bool unknown_domains_full_ = false;                   // guarded by unknown_mutex_
 };
 
 }  // namespace sluice::envoy

@@ -5,10 +5,9 @@
 namespace sluice::etcd::detail {
 namespace {
 
-// A rejected key is listed by its first bytes only: an over-long key must not be held in full.
+// An over-long key is listed by its first bytes only: it must not be held in full. Other keys are
+// listed whole, so that a reader can tell which key of its own the rejected version is.
 constexpr std::size_t listed_key_bytes = 256;
-
-std::string_view listed(std::string_view name) { return name.substr(0, listed_key_bytes); }
 
 }  // namespace
 
@@ -40,18 +39,21 @@ void prefix_state::put(const change& c) {
   if (!c.key.starts_with(prefix_)) return;  // outside the range asked for: not ours
   const auto name = c.key.substr(prefix_.size());
   if (c.key.size() > limits_.max_key_bytes) {
-    return reject(name, "key of " + std::to_string(c.key.size()) + " bytes is over max_key_bytes (" +
-                            std::to_string(limits_.max_key_bytes) + ")");
+    return reject(listed(name), c.mod_revision,
+                  "key of " + std::to_string(c.key.size()) + " bytes is over max_key_bytes (" +
+                      std::to_string(limits_.max_key_bytes) + ")");
   }
   auto it = entries_.find(name);
   if (c.value.size() > limits_.max_value_bytes) {
     if (it != entries_.end()) entries_.erase(it);  // its old value is no longer etcd's
-    return reject(name, "value of " + std::to_string(c.value.size()) + " bytes is over max_value_bytes (" +
-                            std::to_string(limits_.max_value_bytes) + ")");
+    return reject(name, c.mod_revision,
+                  "value of " + std::to_string(c.value.size()) + " bytes is over max_value_bytes (" +
+                      std::to_string(limits_.max_value_bytes) + ")");
   }
   if (it == entries_.end()) {
     if (entries_.size() >= limits_.max_keys) {
-      return reject(name, "the snapshot holds max_keys (" + std::to_string(limits_.max_keys) + ") keys");
+      return reject(name, c.mod_revision,
+                    "the snapshot holds max_keys (" + std::to_string(limits_.max_keys) + ") keys");
     }
     it = entries_.emplace(std::string(name), entry{}).first;
   }
@@ -61,15 +63,19 @@ void prefix_state::put(const change& c) {
   accept(name);
 }
 
-void prefix_state::reject(std::string_view name, std::string reason) {
+std::string_view prefix_state::listed(std::string_view name) const {
+  return prefix_.size() + name.size() > limits_.max_key_bytes ? name.substr(0, listed_key_bytes) : name;
+}
+
+void prefix_state::reject(std::string_view key, std::int64_t mod_revision, std::string reason) {
   ++rejected_total_;
-  const auto key = listed(name);
   auto it = std::find_if(rejected_.begin(), rejected_.end(), [&](const rejected_key& r) { return r.key == key; });
   if (it != rejected_.end()) {
-    if (it->reason == reason) return;
+    if (it->mod_revision == mod_revision && it->reason == reason) return;
+    it->mod_revision = mod_revision;
     it->reason = std::move(reason);
   } else if (rejected_.size() < max_rejected_listed) {
-    rejected_.push_back({.key = std::string(key), .reason = std::move(reason)});
+    rejected_.push_back({.key = std::string(key), .mod_revision = mod_revision, .reason = std::move(reason)});
   } else {
     return;
   }

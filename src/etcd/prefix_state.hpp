@@ -62,7 +62,9 @@ class prefix_state {
 
  private:
   void put(const change& c);
-  void reject(std::string_view name, std::string reason);
+  /// A key as rejected_key lists it: without the prefix, cut when it is over max_key_bytes.
+  std::string_view listed(std::string_view name) const;
+  void reject(std::string_view key, std::int64_t mod_revision, std::string reason);
   void accept(std::string_view name);
 
   std::string prefix_;

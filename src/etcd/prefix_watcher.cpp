@@ -19,7 +19,8 @@ struct prefix_watcher::impl {
              .max_value_bytes = options.max_value_bytes,
              .max_key_bytes = options.max_key_bytes},
             std::move(on_update)),
-        delays(options.backoff_base, options.backoff_cap) {}
+        delays(options.backoff_base, options.backoff_cap),
+        rereads(delays, options.backoff_cap) {}
 
   // Sessions one after the other, each on the next endpoint, a backoff between them.
   void run() {
@@ -27,7 +28,7 @@ struct prefix_watcher::impl {
     bool must_read = true;
     for (std::size_t next = 0; !stop.stopping(); next = (next + 1) % options.endpoints.size()) {
       const std::string& endpoint = options.endpoints[next];
-      detail::session_end end = detail::session(options, credentials, endpoint, stop, pub).run(must_read);
+      detail::session_end end = detail::session(options, credentials, endpoint, stop, pub, rereads).run(must_read);
       if (stop.stopping()) return;
       must_read = end.must_read;
       failures = end.worked ? 0 : failures + 1;
@@ -41,6 +42,7 @@ struct prefix_watcher::impl {
   detail::stopper stop;
   detail::publisher pub;
   detail::backoff delays;
+  detail::reread_pacing rereads;  // full reads closer together than backoff_cap back off
   std::thread thread;
 };
 
@@ -63,5 +65,7 @@ prefix_watcher::~prefix_watcher() {
 watch_status prefix_watcher::status() const { return impl_->pub.status(); }
 
 snapshot prefix_watcher::entries() const { return impl_->pub.entries(); }
+
+std::pair<snapshot, watch_status> prefix_watcher::current() const { return impl_->pub.current(); }
 
 }  // namespace sluice::etcd

@@ -60,6 +60,11 @@ snapshot publisher::entries() const {
   return state_.entries();
 }
 
+std::pair<snapshot, watch_status> publisher::current() const {
+  std::lock_guard lock(mu_);
+  return {state_.entries(), status_};
+}
+
 void publisher::sync_locked() {
   status_.revision = state_.revision();
   status_.rejected_total = state_.rejected_total();

@@ -15,6 +15,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "etcd/prefix_state.hpp"
 #include "sluice/etcd/prefix_watcher.hpp"
@@ -46,6 +47,7 @@ class publisher {
   // --- any thread -------------------------------------------------------------------------------
   watch_status status() const;
   snapshot entries() const;
+  std::pair<snapshot, watch_status> current() const;  // under one lock
 
  private:
   void sync_locked();  // the status's figures from the state

@@ -12,6 +12,11 @@ namespace {
 // values) is asked for again with half as many keys.
 constexpr std::int64_t first_page_keys = 512;
 
+// Pages one full read may take: max_keys keys in pages of 16 (a page shrinks only for values of
+// megabytes), and as many pages again for keys beyond the bounds. Past it the read fails and is
+// tried again after the backoff: an etcd or proxy answering `more` forever cannot keep it going.
+std::size_t max_pages(const etcd_options& o) { return 64 + o.max_keys / 8; }
+
 const char* code_name(grpc::StatusCode c) {
   switch (c) {
     case grpc::StatusCode::OK: return "OK";
@@ -46,13 +51,14 @@ change to_change(const mvccpb::KeyValue& kv, change::type kind) {
 }  // namespace
 
 session::session(const etcd_options& options, std::shared_ptr<grpc::ChannelCredentials> credentials,
-                 std::string endpoint, stopper& stop, publisher& pub)
+                 std::string endpoint, stopper& stop, publisher& pub, reread_pacing& rereads)
     : options_(options),
       range_(prefix_range(options.prefix)),
       credentials_(std::move(credentials)),
       endpoint_(std::move(endpoint)),
       stop_(stop),
-      pub_(pub) {}
+      pub_(pub),
+      rereads_(rereads) {}
 
 session_end session::run(bool must_read) {
   must_read_ = must_read;
@@ -71,7 +77,9 @@ session_end session::run(bool must_read) {
   for (;;) {
     std::optional<prefix_state> fresh;
     if (must_read_) {
+      if (!stop_.sleep_for(rereads_.wait_before(reread_pacing::clock::now()))) return ended("stopping");
       auto r = read_prefix();
+      rereads_.read_ended(reread_pacing::clock::now());
       if (!r) return ended(r.error().message);
       fresh = std::move(*r);
     }
@@ -111,7 +119,11 @@ result<prefix_state> session::read_prefix() {
   req.set_range_end(range_.range_end);
   req.set_limit(first_page_keys);
   std::int64_t revision = 0;  // of the first page; every later page is read at the same one
-  for (;;) {
+  for (std::size_t pages = 0;; ++pages) {
+    if (pages == max_pages(options_)) {
+      return error(errc::backend_unavailable, "range on " + endpoint_ + " failed: the prefix takes more than " +
+                                                  std::to_string(max_pages(options_)) + " pages to read");
+    }
     etcdserverpb::RangeResponse resp;
     grpc::Status s = unary([&](grpc::ClientContext& ctx) { return kv_->Range(&ctx, req, &resp); });
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && req.limit() > 1) {

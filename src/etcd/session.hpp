@@ -1,10 +1,10 @@
 // src/etcd/session.hpp (private) — one connection to one etcd endpoint, from connecting to its
 // end: authenticate (when a username is set), read the whole prefix at one revision when needed,
 // then watch it from the next revision, handing every batch to the publisher. A compaction or a
-// canceled watch calls for a full read: at once over the same connection after a compaction,
-// by the next session after a cancel.
+// canceled watch calls for a full read: over the same connection after a compaction, by the next
+// session after a cancel; either waits when it follows the last full read closely.
 //
-//   session s(options, credentials, endpoint, stop, pub);
+//   session s(options, credentials, endpoint, stop, pub, rereads);
 //   session_end end = s.run(must_read);     // returns when the connection is lost or stop() is called
 //
 // Not thread-safe: it runs on the watcher's thread; only `stop` is shared.
@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 
+#include "etcd/backoff.hpp"
 #include "etcd/key_range.hpp"
 #include "etcd/prefix_state.hpp"
 #include "etcd/proto/rpc.grpc.pb.h"
@@ -37,8 +38,9 @@ struct session_end {
 
 class session {
  public:
+  /// `rereads` spaces the full reads of all the sessions of one watcher.
   session(const etcd_options& options, std::shared_ptr<grpc::ChannelCredentials> credentials, std::string endpoint,
-          stopper& stop, publisher& pub);
+          stopper& stop, publisher& pub, reread_pacing& rereads);
 
   /// Runs until the connection ends. `must_read`: start with a full read (first session, or the
   /// previous one asked for it); else resume the watch at the publisher's revision + 1.
@@ -69,6 +71,7 @@ class session {
   const std::string endpoint_;
   stopper& stop_;
   publisher& pub_;
+  reread_pacing& rereads_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<etcdserverpb::KV::Stub> kv_;
   std::unique_ptr<etcdserverpb::Watch::Stub> watch_;

@@ -138,7 +138,15 @@ std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_
   out["overrides"] = override_count;
   json& src = out["sources"] = json::array();
   for (const rule_source_status& s : sources) {
-    src.push_back({{"name", s.name}, {"connected", s.connected}, {"revision", s.revision}, {"detail", s.detail}});
+    json rejected = json::array();
+    for (const rejected_value& r : s.rejected) {
+      rejected.push_back({{"key", r.key}, {"mod_revision", r.mod_revision}, {"error", r.reason}});
+    }
+    src.push_back({{"name", s.name},
+                   {"connected", s.connected},
+                   {"revision", s.revision},
+                   {"detail", s.detail},
+                   {"rejected", std::move(rejected)}});
   }
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }

@@ -1,6 +1,7 @@
 // TOML configuration loader for sluiced (toml++, header-only).
 #include "sluice/server/config.hpp"
 #include "sluice/host_port.hpp"
+#include "core/file_text.hpp"
 
 #include <charconv>
 #include <filesystem>
@@ -354,9 +355,46 @@ result<rule> read_rule(const section& s) {
 
 bool valid_listen(std::string_view a) { return parse_host_port(a).ok(); }
 
+// [server]'s grpc_* keys: what one gRPC peer may hold of the Envoy API's server.
+result<void> read_grpc_limits(const section& s, envoy::grpc_limits& out) {
+  const envoy::grpc_limits d;
+  auto number = [&](std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi, auto& field) -> result<void> {
+    auto v = s.integer_or(key, def, lo, hi);
+    if (!v) return v.error();
+    field = static_cast<std::remove_reference_t<decltype(field)>>(*v);
+    return {};
+  };
+  auto ms = [&](std::string_view key, std::chrono::milliseconds def, std::int64_t lo,
+                std::chrono::milliseconds& field) -> result<void> {
+    auto v = s.integer_or(key, def.count(), lo, 86'400'000);
+    if (!v) return v.error();
+    field = std::chrono::milliseconds(*v);
+    return {};
+  };
+  for (auto r : {number("grpc_max_connections", static_cast<std::int64_t>(d.max_connections), 1, 1'000'000, out.max_connections),
+                 number("grpc_max_concurrent_streams", d.max_concurrent_streams, 1, 10'000, out.max_concurrent_streams),
+                 ms("grpc_idle_timeout_ms", d.idle_timeout, 0, out.idle_timeout),
+                 ms("grpc_max_connection_age_ms", d.max_connection_age, 0, out.max_connection_age),
+                 ms("grpc_max_connection_age_grace_ms", d.max_connection_age_grace, 0, out.max_connection_age_grace),
+                 ms("grpc_write_timeout_ms", d.write_timeout, 1, out.write_timeout),
+                 ms("grpc_request_timeout_ms", d.request_timeout, 1, out.request_timeout),
+                 number("grpc_max_message_bytes", static_cast<std::int64_t>(d.max_message_bytes), 1024, 4 << 20,
+                        out.max_message_bytes),
+                 number("grpc_reset_burst", static_cast<std::int64_t>(d.reset_burst), 1, 1'000'000, out.reset_burst),
+                 number("grpc_resets_per_second", static_cast<std::int64_t>(d.resets_per_second), 1, 1'000'000,
+                        out.resets_per_second)}) {
+    if (!r) return r.error();
+  }
+  return {};
+}
+
 result<void> read_server(const section& s, config& out) {
   if (auto v = s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms",
-                       "max_tenant_labels", "max_connections", "sweep_interval_ms", "grpc_listen"});
+                       "max_tenant_labels", "max_connections", "sweep_interval_ms", "grpc_listen",
+                       "grpc_max_connections", "grpc_max_concurrent_streams", "grpc_idle_timeout_ms",
+                       "grpc_max_connection_age_ms", "grpc_max_connection_age_grace_ms", "grpc_write_timeout_ms",
+                       "grpc_request_timeout_ms", "grpc_max_message_bytes", "grpc_reset_burst",
+                       "grpc_resets_per_second"});
       !v) {
     return v.error();
   }
@@ -391,7 +429,7 @@ result<void> read_server(const section& s, config& out) {
   if (!grpc->empty() && !valid_listen(*grpc))
     return s.bad("grpc_listen", "must be \"host:port\" (IPv6 as \"[::1]:8081\"), got \"" + *grpc + "\"");
   out.server.grpc_listen = *grpc;
-  return {};
+  return read_grpc_limits(s, out.server.grpc);
 }
 
 // A Redis address as the backend takes it: "host:port" (port 1..65535) or "unix:/path".
@@ -883,15 +921,10 @@ result<rule> apply_override(const rule& base, const rule_override& o) {
 }
 
 result<config> load_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return error(errc::config_invalid, path + ": cannot open the file");
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (!in.good() && !in.eof()) return error(errc::config_invalid, path + ": cannot read the file");
   constexpr std::size_t max_config_bytes = 16 * 1024 * 1024;
-  std::string text = buf.str();
-  if (text.size() > max_config_bytes) return error(errc::config_invalid, path + ": larger than 16 MiB");
-  return parse_config(text, path);
+  auto text = detail::read_file_text(path, max_config_bytes);
+  if (!text) return text.error();
+  return parse_config(*text, path);
 }
 
 }  // namespace sluice

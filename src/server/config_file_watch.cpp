@@ -6,8 +6,8 @@ namespace sluice::server {
 
 config_file_watch::config_file_watch(std::string path) : path_(std::move(path)), loaded_(stamp_of(path_)) {}
 
-void config_file_watch::mark_loaded() {
-  loaded_ = stamp_of(path_);
+void config_file_watch::mark_loaded(const stamp& read) {
+  loaded_ = read;
   pending_.reset();
 }
 
@@ -18,11 +18,17 @@ bool config_file_watch::changed(clock::time_point now) {
   } else if (!pending_ || !(*pending_ == current)) {
     pending_ = current;  // changed (again): wait for it to settle
     pending_since_ = now;
-  } else if (now - pending_since_ >= settle) {
-    pending_.reset();
-    return true;
+    held_ = false;
+  } else {
+    return now - pending_since_ >= (held_ ? std::chrono::milliseconds(settle_removal) : settle);
   }
   return false;
+}
+
+bool config_file_watch::hold_removal(clock::time_point now) {
+  if (!pending_) return false;  // not a change the watch reported (SIGHUP): the operator asked
+  held_ = true;
+  return now - pending_since_ < settle_removal;
 }
 
 config_file_watch::stamp config_file_watch::stamp_of(const std::string& path) {

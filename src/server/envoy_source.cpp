@@ -54,8 +54,8 @@ class envoy_source_impl final : public envoy_source {
     return {};
   }
 
-  result<void> listen(const std::string& address) {
-    auto s = envoy::rls_server::start(address, service_);
+  result<void> listen(const std::string& address, const envoy::grpc_limits& limits) {
+    auto s = envoy::rls_server::start(address, service_, limits);
     if (!s) return s.error();
     server_ = std::move(*s);
     spdlog::info("event=grpc_listening address={} port={}", log_value(address), server_->port());
@@ -86,6 +86,7 @@ class envoy_source_impl final : public envoy_source {
 
   void append_metrics(std::string& out) override {
     service_.append_metrics(out);
+    if (server_) server_->append_metrics(out);
     auto rules = service_.rules();
     prometheus::family(out, "sluice_envoy_domains", "gauge", "Domains of the Envoy configuration in force.");
     prometheus::sample(out, "sluice_envoy_domains", static_cast<std::uint64_t>(rules ? rules->domain_count() : 0));
@@ -122,12 +123,13 @@ class envoy_source_impl final : public envoy_source {
 }  // namespace
 
 result<std::unique_ptr<envoy_source>> envoy_source::start(const envoy_settings& settings,
-                                                          const std::string& grpc_listen, backend& b) {
+                                                          const std::string& grpc_listen,
+                                                          const envoy::grpc_limits& limits, backend& b) {
   auto s = std::make_unique<envoy_source_impl>(settings, b);
   if (settings.enabled) {
     if (auto r = s->load(); !r) return r.error();
   }
-  if (auto r = s->listen(grpc_listen); !r) return r.error();
+  if (auto r = s->listen(grpc_listen, limits); !r) return r.error();
   return std::unique_ptr<envoy_source>(std::move(s));
 }
 

@@ -19,7 +19,7 @@ class envoy_source {
   /// Loads the directory, prepares its limits on `b` and listens. Errors: an invalid file, an
   /// address that cannot be bound, a build without the Envoy component.
   static result<std::unique_ptr<envoy_source>> start(const envoy_settings& settings, const std::string& grpc_listen,
-                                                     backend& b);
+                                                     const envoy::grpc_limits& limits, backend& b);
   virtual ~envoy_source() = default;
 
   /// Called every watch interval on the control thread: reloads once the directory's files have

@@ -18,7 +18,7 @@ namespace sluice::server {
 class etcd_source {
  public:
   struct state {
-    std::vector<etcd_value> values;  ///< every key under the prefix, in key order
+    std::vector<etcd_value> values;  ///< every key under the prefix, in key order, those left out included
     rule_source_status status;       ///< name "etcd"
   };
 

@@ -25,18 +25,22 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
   // One value of a kind (rules, overrides): the same version is kept as it is; a new one is parsed,
   // and when it fails the previous version stays in force and the failure is reported.
   auto take = [&](const auto& current, auto& next, std::string_view id, std::size_t max, std::string_view what,
-                  const std::string& key, std::int64_t revision, auto parse) {
+                  const std::string& key, const etcd_value& v, auto parse) {
+    const std::int64_t revision = v.mod_revision;
     const auto before = current.find(id);
     if (before != current.end() && before->second.mod_revision == revision) {
       next.insert(*before);  // the same version: nothing to read again
       return;
     }
     const std::string source = "etcd " + key + " (mod_revision " + std::to_string(revision) + ")";
-    auto made =
-        next.size() >= max
-            ? decltype(parse(source))(error(errc::config_invalid, source + ": more than " + std::to_string(max) + " " +
-                                                                      std::string(what) + " in etcd"))
-            : parse(source);
+    auto made = [&]() -> decltype(parse(source)) {
+      if (next.size() >= max) {
+        return error(errc::config_invalid,
+                     source + ": more than " + std::to_string(max) + " " + std::string(what) + " in etcd");
+      }
+      if (!v.left_out.empty()) return error(errc::config_invalid, source + ": " + v.left_out);  // over a bound
+      return parse(source);
+    }();
     if (!made) {
       reject(key, revision, made.error().message);
       if (before != current.end()) next.insert(*before);
@@ -58,21 +62,20 @@ std::vector<rejected_value> etcd_rules::apply(const std::vector<etcd_value>& val
       const std::string key = prefix_ + v.key;
       seen.insert(key);
       if (sub.starts_with(overrides_dir)) {
-        take(overrides_, next_overrides, sub.substr(overrides_dir.size()), max_overrides, "overrides", key,
-             v.mod_revision, [&](const std::string& source) -> result<override_entry> {
+        take(overrides_, next_overrides, sub.substr(overrides_dir.size()), max_overrides, "overrides", key, v,
+             [&](const std::string& source) -> result<override_entry> {
                auto o = parse_override_json(v.value, source);
                if (!o) return o.error();
                return override_entry{std::move(*o), v.mod_revision};
              });
       } else if (sub.starts_with(rules_dir)) {
         const std::string_view name = sub.substr(rules_dir.size());
-        take(rules_, next, name, max_rules, "rules", key, v.mod_revision,
-             [&](const std::string& source) -> result<entry> {
-               auto r = parse_rule_json(name, v.value, source);
-               if (!r) return r.error();
-               if (auto ok = check_(*r); !ok) return error(ok.error().code, source + ": " + ok.error().message);
-               return entry{std::move(*r), key, v.mod_revision};
-             });
+        take(rules_, next, name, max_rules, "rules", key, v, [&](const std::string& source) -> result<entry> {
+          auto r = parse_rule_json(name, v.value, source);
+          if (!r) return r.error();
+          if (auto ok = check_(*r); !ok) return error(ok.error().code, source + ": " + ok.error().message);
+          return entry{std::move(*r), key, v.mod_revision};
+        });
       } else {
         reject(key, v.mod_revision,
                "unknown key: rules are under " + prefix_ + "rules/NAME, overrides under " + prefix_ + "overrides/ID");

@@ -22,13 +22,9 @@ struct etcd_value {
   std::string key;  ///< without the prefix: "rules/api"
   std::string value;
   std::int64_t mod_revision = 0;
-};
-
-/// A value that could not be used, with why.
-struct rejected_value {
-  std::string key;  ///< the full etcd key
-  std::int64_t mod_revision = 0;
-  std::string reason;
+  /// Why the watcher left this version's value out (over a bound); empty when it holds it. A
+  /// version left out is rejected like one that does not parse.
+  std::string left_out;
 };
 
 /// The rules etcd holds under `prefix + "rules/"` and the overrides under `prefix + "overrides/"`:

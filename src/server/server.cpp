@@ -63,7 +63,7 @@ int run(const server_options& options) {
   {
     const etcd_settings etcd = cfg->etcd;
     const envoy_settings envoy = cfg->envoy;
-    const std::string grpc_listen = cfg->server.grpc_listen;
+    const server_settings server = cfg->server;
     auto built = make_snapshot(std::move(*cfg), {}, **b, nullptr);
     if (!built) {
       spdlog::error("event=config_invalid error={}", log_value(built.error().message));
@@ -80,8 +80,8 @@ int run(const server_options& options) {
         return 1;
       }
     }
-    if (!grpc_listen.empty()) {
-      if (auto started = svc.start_envoy(envoy, grpc_listen); !started) {
+    if (!server.grpc_listen.empty()) {
+      if (auto started = svc.start_envoy(envoy, server); !started) {
         spdlog::error("event=config_invalid error={}", log_value(started.error().message));
         return 1;
       }

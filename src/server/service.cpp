@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <thread>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -41,7 +42,8 @@ std::string service::render_metrics() {
   for (const auto& s : all) prometheus::sample(out, "sluice_config_revision{source=\"" + s.name + "\"}", s.revision);
   prometheus::family(
       out, "sluice_config_errors_total", "counter",
-      "Rules refused, by source: a file that failed to load, an etcd value that failed to parse or validate.");
+      "Rules refused, by source: a file that failed to load, an etcd value that failed to parse or validate "
+      "or was over the watcher's bounds.");
   prometheus::sample(out, "sluice_config_errors_total{source=\"file\"}", metrics_.reload_failures());
   if (etcd_)
     prometheus::sample(out, "sluice_config_errors_total{source=\"etcd\"}",
@@ -226,14 +228,41 @@ void service::arm_housekeeping() {
   });
 }
 
+namespace {
+
+// The names of `before`'s rules that `after` does not have, for a log field: at most 10 of them.
+std::string removed_rules(const std::vector<rule>& before, const config& after) {
+  std::string names;
+  std::size_t count = 0;
+  for (const rule& r : before) {
+    if (after.find_rule(r.name) != nullptr) continue;
+    if (++count <= 10) names += (names.empty() ? "" : ",") + r.name;
+  }
+  if (count > 10) names += ",+" + std::to_string(count - 10) + " more";
+  return names;
+}
+
+}  // namespace
+
 // Loads the file again; on success its rules (under etcd's, when etcd is a source) are swapped in.
+// A file written in place and read mid-write looks like one whose last rules were removed: a change
+// seen by the watch that removes rules waits until the file has held still for settle_removal.
 void service::reload(std::string_view trigger) {
   std::lock_guard reload_lock(reload_mu_);
-  config_file_.mark_loaded();
+  const config_file_watch::stamp read = config_file_.current();
   auto loaded = load_config(config_file_.path());
   if (loaded) {
     if (auto s = check_servable(*loaded); !s) loaded = s.error();
   }
+  const std::string removed = loaded ? removed_rules(file_rules_, *loaded) : std::string();
+  if (!removed.empty() && trigger == "file_change" && config_file_.hold_removal(steady::now())) {
+    spdlog::warn("event=reload_deferred trigger={} rules_removed={} wait_ms={} message=\"applied once the file has "
+                 "not changed for that long\"",
+                 trigger, log_value(removed),
+                 std::chrono::milliseconds(config_file_watch::settle_removal).count());
+    return;
+  }
+  config_file_.mark_loaded(read);
   if (!loaded) {
     metrics_.record_reload(false);
     spdlog::error("event=reload result=failure trigger={} error={}", trigger, log_value(loaded.error().message));
@@ -248,12 +277,14 @@ void service::reload(std::string_view trigger) {
   if (next.backend != old->cfg.backend) {
     spdlog::warn("event=reload_restart_needed section=backend message=\"[backend] applies at the next start\"");
   }
-  if (next.envoy != old->cfg.envoy || next.server.grpc_listen != old->cfg.server.grpc_listen) {
+  if (next.envoy != old->cfg.envoy || next.server.grpc_listen != old->cfg.server.grpc_listen ||
+      next.server.grpc != old->cfg.server.grpc) {
     spdlog::warn(
-        "event=reload_restart_needed section=envoy message=\"[envoy] and grpc_listen apply at the next start\"");
+        "event=reload_restart_needed section=envoy message=\"[envoy] and grpc_* apply at the next start\"");
   }
   next.envoy = old->cfg.envoy;
   next.server.grpc_listen = old->cfg.server.grpc_listen;
+  next.server.grpc = old->cfg.server.grpc;
   if (next.etcd != old->cfg.etcd) {
     spdlog::warn("event=reload_restart_needed section=etcd message=\"[etcd] applies at the next start\"");
   }
@@ -263,6 +294,8 @@ void service::reload(std::string_view trigger) {
   next.server.threads = old->cfg.server.threads;
   std::vector<rule> file_rules = next.rules;
   std::vector<rule_override> file_overrides = next.overrides;
+  // Before the outcome's line, which stays the last of a reload.
+  if (!removed.empty()) spdlog::warn("event=reload_removes_rules trigger={} rules={}", trigger, log_value(removed));
   if (!publish(std::move(next), trigger)) {
     metrics_.record_reload(false);
     return;
@@ -310,8 +343,8 @@ bool service::publish(config settings, std::string_view trigger) {
 }
 
 // Starts the watch of [etcd]'s prefix: its rules join the file's as they arrive.
-result<void> service::start_envoy(const envoy_settings& settings, const std::string& grpc_listen) {
-  auto e = envoy_source::start(settings, grpc_listen, *backend_);
+result<void> service::start_envoy(const envoy_settings& settings, const server_settings& server) {
+  auto e = envoy_source::start(settings, server.grpc_listen, server.grpc, *backend_);
   if (!e) return e.error();
   envoy_ = std::move(*e);
   return {};
@@ -333,9 +366,16 @@ result<void> service::start_etcd(const etcd_settings& settings) {
 void service::apply_etcd() {
   std::lock_guard reload_lock(reload_mu_);
   etcd_source::state state = etcd_->read();
+  rule_source_status before;
   {
     std::lock_guard lock(status_mu_);
-    etcd_status_ = state.status;
+    before = std::exchange(etcd_status_, state.status);
+  }
+  const rule_source_status& now = state.status;
+  if (now.connected && !before.connected) {
+    spdlog::info("event=config_source_up source=etcd revision={}", now.revision);
+  } else if (!now.connected && (before.connected || before.detail.empty())) {  // lost, or down since the start
+    spdlog::warn("event=config_source_down source=etcd error={}", log_value(now.detail));
   }
   bool changed = false;
   for (const rejected_value& r : etcd_rules_->apply(state.values, changed)) {

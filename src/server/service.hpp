@@ -77,8 +77,8 @@ class service {
 
   // Watches [etcd]'s prefix for rules. Before run().
   result<void> start_etcd(const etcd_settings& settings);
-  // Serves Envoy's rate-limit API on `grpc_listen`, its limits from [envoy]. Before run().
-  result<void> start_envoy(const envoy_settings& settings, const std::string& grpc_listen);
+  // Serves Envoy's rate-limit API on `server.grpc_listen`, its limits from [envoy]. Before run().
+  result<void> start_envoy(const envoy_settings& settings, const server_settings& server);
 
   int run(const tcp::endpoint& endpoint, unsigned threads);
 

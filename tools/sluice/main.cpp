@@ -12,9 +12,9 @@
 #include <fstream>
 #include <thread>
 #include <iostream>
-#include <sstream>
 
 #include "chart.hpp"
+#include "core/file_text.hpp"
 #include "demo.hpp"
 #include "simulation.hpp"
 #include "sluice/server/config.hpp"
@@ -72,12 +72,8 @@ struct inline_policy {
   }
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// Traffic files (--traffic, --csv): the most bytes read of one.
+constexpr std::size_t max_traffic_file_bytes = std::size_t{256} << 20;
 
 // A POST /v1/check body; nlohmann-json escapes whatever the ids hold.
 std::string check_body(const std::string& rule, const std::string& key, const std::string& tenant,
@@ -242,11 +238,17 @@ int main(int argc, char** argv) {
   }
   cli::traffic requests;
   if (!csv_file.empty()) {
-    auto t = cli::parse_csv(read_file(csv_file));
+    auto text = detail::read_file_text(csv_file, max_traffic_file_bytes);
+    if (!text) return fail(text.error().message);
+    auto t = cli::parse_csv(*text);
     if (!t) return fail(csv_file + ": " + t.error().message);
     requests = std::move(*t);
   } else {
-    if (!traffic_file.empty()) pattern = read_file(traffic_file);
+    if (!traffic_file.empty()) {
+      auto text = detail::read_file_text(traffic_file, max_traffic_file_bytes);
+      if (!text) return fail(text.error().message);
+      pattern = std::move(*text);
+    }
     auto times = cli::parse_traffic(pattern);
     if (!times) return fail("traffic " + times.error().message);
     requests.times = std::move(*times);

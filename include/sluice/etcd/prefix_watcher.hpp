@@ -5,7 +5,8 @@
 // Each watch response is applied as one batch and delivered; after a lost connection the watch
 // resumes at the next revision, so no change is missed or applied twice. When etcd has compacted
 // the revisions it needs, or cancels the watch, it reads the whole prefix again. Between failed
-// attempts it waits a capped exponential backoff with jitter. This is the loop of etcd's own Go
+// attempts, and between full reads that follow each other closely, it waits a capped exponential
+// backoff with jitter; a full read takes a bounded number of pages. This is the loop of etcd's own Go
 // client (clientv3).
 //
 //   auto w = sluice::etcd::prefix_watcher::create({.endpoints = {"127.0.0.1:2379"}, .prefix = "/sluice/"},
@@ -22,7 +23,7 @@
 // the new one is complete. Nothing is queued: each batch is applied, then delivered, before the
 // next is read.
 //
-// Thread-safe: `status()` and `entries()` may be called from any thread. The callback runs on the
+// Thread-safe: `status()`, `entries()` and `current()` may be called from any thread. The callback runs on the
 // watcher's thread, one call at a time; it must not throw, and must not destroy the watcher.
 #pragma once
 
@@ -32,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sluice/error.hpp"
@@ -53,8 +55,9 @@ using snapshot = std::map<std::string, entry, std::less<>>;
 
 /// A key etcd holds under the prefix that the snapshot leaves out.
 struct rejected_key {
-  std::string key;     ///< Without the prefix; cut to its first 256 bytes.
-  std::string reason;  ///< e.g. "value of 70000 bytes is over max_value_bytes (65536)".
+  std::string key;                ///< Without the prefix; a key over max_key_bytes is cut to its first 256 bytes.
+  std::int64_t mod_revision = 0;  ///< The revision of the version left out.
+  std::string reason;             ///< e.g. "value of 70000 bytes is over max_value_bytes (65536)".
 
   bool operator==(const rejected_key&) const = default;
 };
@@ -115,6 +118,9 @@ class prefix_watcher {
   watch_status status() const;
   /// The current snapshot (a copy).
   snapshot entries() const;
+  /// The snapshot and the status of one instant (copies): a key is in one or the other's
+  /// `rejected`, or deleted.
+  std::pair<snapshot, watch_status> current() const;
 
  private:
   struct impl;

@@ -71,6 +71,11 @@ struct server_settings {
   /// "host:port" for Envoy's rate-limit API over gRPC (`grpc_listen`, see [envoy]); "" serves
   /// none. Default: "".
   std::string grpc_listen;
+  /// What one gRPC peer may hold (`grpc_max_connections`, `grpc_max_concurrent_streams`,
+  /// `grpc_idle_timeout_ms`, `grpc_max_connection_age_ms`, `grpc_max_connection_age_grace_ms`,
+  /// `grpc_write_timeout_ms`, `grpc_request_timeout_ms`, `grpc_max_message_bytes`,
+  /// `grpc_reset_burst`, `grpc_resets_per_second`): sluice/envoy/options.hpp.
+  envoy::grpc_limits grpc;
 };
 
 /// [backend]

@@ -60,9 +60,11 @@ class Cli(unittest.TestCase):
                 at += 12 + length
             raw = zlib.decompress(pixels)
             self.assertGreater(len(set(raw)), 8, "drawn, not blank")
-        bad = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--csv", "/dev/null")
-        self.assertEqual(bad.returncode, 2)
-        self.assertIn("no rows", bad.stderr)
+            empty = os.path.join(d, "empty.csv")
+            open(empty, "w").close()
+            bad = run("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--csv", empty)
+            self.assertEqual(bad.returncode, 2)
+            self.assertIn("no rows", bad.stderr)
 
     def test_replay_against_sluiced_beside_the_prediction(self):
         s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 5\nwindow = "1h"\n')
@@ -99,6 +101,25 @@ class Cli(unittest.TestCase):
         r = run("config", "check", EXAMPLE)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("ok (5 rules, 2 overrides, backend memory)", r.stdout)
+
+    def test_files_that_are_not_regular_files_are_refused_at_once(self):
+        policy = ("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s")
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo")
+            os.mkfifo(fifo)  # no writer: reading it would wait for ever
+            for args, code, message in (
+                    (("config", "check", "/dev/zero"), 1, "/dev/zero: not a regular file"),
+                    (("config", "check", fifo), 1, fifo + ": not a regular file"),
+                    (("config", "check", d), 1, d + ": is a directory, not a file"),
+                    (("simulate", "--rule", fifo + ":api", "--pattern", "burst 1"), 2, fifo + ": not a regular file"),
+                    (policy + ("--csv", "/dev/zero"), 2, "/dev/zero: not a regular file"),
+                    (policy + ("--csv", fifo), 2, fifo + ": not a regular file"),
+                    (policy + ("--traffic", "/dev/zero"), 2, "/dev/zero: not a regular file"),
+                    (policy + ("--traffic", d), 2, d + ": is a directory, not a file"),
+                    (policy + ("--csv", os.path.join(d, "missing.csv")), 2, "missing.csv: cannot open the file")):
+                r = run(*args)
+                self.assertEqual(r.returncode, code, args)
+                self.assertIn(message, r.stderr, args)
 
     def test_check_and_rules_against_sluiced(self):
         s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = "1h"\n')

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """sluiced against hostile clients, over real sockets: HTTP framing that must be bounded, a browser's
 cross-origin POST, floods of refusals, of connections and of keys, a config file written in place,
-and SIGTERM under keep-alive load. Each case failed before the fix it guards.
+files that are not regular files, Envoy configs nesting too deep, and SIGTERM under keep-alive load. Each case failed before the fix it guards.
 
 Usage: SLUICED=/path/to/sluiced python3 sluiced_hostile_test.py
 """
@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -216,6 +217,97 @@ class ConfigWrittenInPlace(HostileTest):
         self.assertNotIn(404, statuses, "the half file's missing rule was never applied")
         self.assertIn("changed_rules=0", s.log_text())
         self.assertEqual(s.check(rule="ai", key="k").json()["remaining"], 1, "state kept: nothing changed")
+
+
+    def test_a_writer_pausing_mid_file_does_not_remove_rules(self):
+        s = self.start()
+        self.assertEqual(s.check(rule="ai", key="k").json()["remaining"], 2)
+        half = CONFIG[:CONFIG.index('[[rules]]\nname = "ai"')]
+        with open(s.config_path, "w") as f:  # in place, and the writer pauses past the settle time
+            f.write(half)
+            f.flush()
+            deferred = wait_for(lambda: re.search(r"event=reload_deferred trigger=file_change rules_removed=(\S+)",
+                                                  s.log_text()), timeout=10, what="the reload to be held")
+            self.assertEqual(deferred.group(1), "ai", "the line names the rules that would go")
+            r = s.check(rule="ai", key="k")
+            self.assertEqual((r.status, r.json()["remaining"]), (200, 1), "the rule still applies, its state kept")
+            f.write(CONFIG[len(half):])
+        wait_for(lambda: "event=reload result=success" in s.log_text(), timeout=10, what="the reload")
+        self.assertIn("changed_rules=0", s.log_text())
+        self.assertNotIn("event=reload_removes_rules", s.log_text())
+        self.assertEqual(s.check(rule="ai", key="k").json()["remaining"], 0, "state kept: nothing changed")
+
+    def test_rules_removed_for_good_apply_once_the_file_holds_still(self):
+        s = self.start()
+        with open(s.config_path, "w") as f:  # the operator did mean to remove "ai"
+            f.write(CONFIG[:CONFIG.index('[[rules]]\nname = "ai"')])
+        written = time.monotonic()
+        wait_for(lambda: "event=reload result=success" in s.log_text(), timeout=20, what="the reload")
+        self.assertGreaterEqual(time.monotonic() - written, 4.5, "held until unchanged for 5 s")
+        log = s.log_text()
+        self.assertLess(log.index("event=reload_deferred"), log.index("event=reload result=success"))
+        self.assertIn("event=reload_removes_rules trigger=file_change rules=ai", log)
+        self.assertEqual(s.check(rule="ai", key="k").status, 404)
+        self.assertEqual(s.check(rule="api", key="k").status, 200)
+
+
+class RefusedConfigFiles(HostileTest):
+    """What is not a regular file is refused at once, without blocking, and changes nothing."""
+
+    def test_a_fifo_or_directory_in_place_of_the_config_changes_nothing(self):
+        s = self.start()
+        self.assertEqual(s.check(rule="ai", key="k").json()["remaining"], 2)
+        fifo = s.config_path + ".fifo"
+        os.mkfifo(fifo)
+        os.replace(fifo, s.config_path)  # seen by the watch: a FIFO without a writer must not block the reload
+        wait_for(lambda: "event=reload result=failure" in s.log_text(), timeout=10, what="the refused reload")
+        self.assertIn("not a regular file", s.log_text())
+        os.unlink(s.config_path)
+        os.mkdir(s.config_path)
+        s.send_signal(signal.SIGHUP)
+        wait_for(lambda: "is a directory" in s.log_text(), timeout=10, what="the refused reload")
+        r = s.check(rule="ai", key="k")
+        self.assertEqual((r.status, r.json()["remaining"]), (200, 1), "the limits in force still apply")
+        self.assertNotIn("event=reload result=success", s.log_text())
+        os.rmdir(s.config_path)
+        s.write_config(CONFIG)  # the process stays sound: a good file loads again
+        wait_for(lambda: "event=reload result=success" in s.log_text(), timeout=10, what="the reload")
+
+    def test_check_config_refuses_devices_fifos_and_directories(self):
+        with tempfile.TemporaryDirectory() as d:
+            fifo = os.path.join(d, "fifo.toml")
+            os.mkfifo(fifo)
+            for path, message in (("/dev/zero", "/dev/zero: not a regular file"),
+                                  (fifo, fifo + ": not a regular file"),
+                                  (d, d + ": is a directory, not a file")):
+                r = subprocess.run([SLUICED, "--check-config", "--config", path], capture_output=True, text=True,
+                                   timeout=30)
+                self.assertEqual(r.returncode, 1, path)
+                self.assertIn(message, r.stderr)
+
+    def test_an_envoy_config_nesting_too_deep_or_replacing_itself_stops_the_start(self):
+        with tempfile.TemporaryDirectory() as d:
+            envoy = os.path.join(d, "envoy")
+            os.mkdir(envoy)
+            config = os.path.join(d, "sluice.toml")
+            with open(config, "w") as f:
+                f.write('[server]\ngrpc_listen = "127.0.0.1:0"\n[envoy]\nconfig_dir = "%s"\n' % envoy)
+            cases = (
+                ("deep.yaml", "domain: a\ndescriptors: " + "[" * 1000000,
+                 "deep.yaml:2: collections nest deeper than 64 levels"),
+                ("self.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      name: x\n"
+                 "      replaces: [{name: x}]\n      unit: second\n      requests_per_unit: 1\n",
+                 "self.yaml:5: rate_limit 'x' replaces itself"),
+            )
+            for name, text, message in cases:
+                path = os.path.join(envoy, name)
+                with open(path, "w") as f:
+                    f.write(text)
+                r = subprocess.run([SLUICED, "--config", config, "--listen", "127.0.0.1:0"], capture_output=True,
+                                   text=True, timeout=60)
+                self.assertEqual(r.returncode, 1, r.stderr[-2000:])
+                self.assertIn(message, r.stderr)
+                os.unlink(path)
 
 
 class Connections(HostileTest):

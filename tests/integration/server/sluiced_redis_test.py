@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """End-to-end tests of sluiced on a real redis-server: two sluiced processes share one limit exactly;
-Redis killed -> each on_error policy and /readyz 503; Redis back -> recovery.
+Redis killed -> each on_error policy and /readyz 503; Redis back -> recovery. And on a fake Redis
+that misbehaves on purpose: a reply nobody asked for, malformed script replies.
 
 Usage: SLUICED=/path/to/sluiced python3 sluiced_redis_test.py
 Exits 77 (skipped) when sluiced was built without Redis support.
 """
 
 import os
+import select
+import socket
 import subprocess
 import sys
 import tempfile
@@ -220,6 +223,124 @@ class RedisFailure(unittest.TestCase):
         # The restarted Redis is empty: the three instances now share one fresh window.
         r = allow.check(rule="shared", key="after")
         self.assertEqual(r.json()["remaining"], 100 - 4)
+
+
+class FakeRedis:
+    """Not Redis: on 127.0.0.1, answers every command +OK (PING +PONG) and every script call with
+    `script_reply`, which a test may change; one connection at a time, until closed."""
+
+    def __init__(self, script_reply):
+        self.script_reply = script_reply
+        self.connections = 0
+        self.script_calls = 0
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.port = self.listener.getsockname()[1]
+        self.stopping = False
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def readable(self, sock):
+        while not self.stopping:
+            if select.select([sock], [], [], 0.02)[0]:
+                return True
+        return False
+
+    def serve(self):
+        while self.readable(self.listener):
+            conn, _ = self.listener.accept()
+            self.connections += 1
+            data = b""
+            with conn:
+                while self.readable(conn):
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                    out = b""
+                    while True:
+                        name, data = self.next_command(data)
+                        if name is None:
+                            break
+                        if name in (b"EVALSHA", b"EVAL"):
+                            self.script_calls += 1
+                            out += self.script_reply
+                        else:
+                            out += b"+PONG\r\n" if name == b"PING" else b"+OK\r\n"
+                    try:
+                        conn.sendall(out)
+                    except OSError:
+                        break
+
+    @staticmethod
+    def next_command(data):
+        """The name of the first whole RESP command in `data`, and what follows it; None until whole."""
+        lines = data.split(b"\r\n", 1)
+        if len(lines) < 2 or not data.startswith(b"*"):
+            return None, data
+        argc, rest = int(lines[0][1:]), lines[1]
+        name = None
+        for _ in range(argc):
+            head = rest.split(b"\r\n", 1)
+            if len(head) < 2:
+                return None, data
+            length = int(head[0][1:])
+            if len(head[1]) < length + 2:
+                return None, data
+            name = name or head[1][:length]
+            rest = head[1][length + 2:]
+        return name, rest
+
+    def close(self):
+        self.stopping = True
+        self.thread.join()
+        self.listener.close()
+
+
+# A valid reply of the "shared" rule's script: admitted, 99 left.
+ADMITTED = b"*5\r\n:1\r\n:99\r\n:0\r\n:60000000\r\n:1700000000000000\r\n"
+
+
+class MisbehavingRedis(unittest.TestCase):
+    def start(self, script_reply):
+        fake = FakeRedis(script_reply)
+        self.addCleanup(fake.close)
+        s = Sluiced(redis_config(fake.port, "deny"))
+        self.addCleanup(s.close)
+        wait_for(lambda: s.request("GET", "/readyz").status == 200, what="sluiced ready")
+        return fake, s
+
+    def test_a_reply_nobody_asked_for_drops_the_connection_not_the_process(self):
+        fake, s = self.start(ADMITTED + b"+OK\r\n")
+        sources = set()
+
+        def reconnected():
+            sources.add(s.check(rule="shared", key="k").json().get("source", "redis"))
+            return fake.connections >= 3
+
+        wait_for(reconnected, timeout=20, what="the connection to be dropped and made again twice")
+        self.assertIsNone(s.proc.poll(), "sluiced is alive")
+        self.assertEqual(s.request("GET", "/healthz").status, 200)
+        self.assertIn("redis", sources, "the reply asked for decided its check")
+        self.assertIn("dropped: a reply came with no command waiting", s.log_text())
+
+    def test_readyz_503_while_every_script_reply_is_malformed_then_200_again(self):
+        fake, s = self.start(b":1\r\n")
+
+        def not_ready():
+            r = s.check(rule="shared", key="k")
+            self.assertEqual(r.json()["source"], "fail_closed", "on_error decides")
+            return s.request("GET", "/readyz").status == 503
+
+        wait_for(not_ready, timeout=10, what="/readyz 503")
+        self.assertIn("unexpected reply from the rate-limit script", s.log_text())
+        fake.script_reply = ADMITTED
+
+        def decided_by_redis():
+            return "source" not in s.check(rule="shared", key="k").json() and s.request("GET", "/readyz").status == 200
+
+        wait_for(decided_by_redis, timeout=10, what="Redis to decide and /readyz 200 again")
 
 
 if __name__ == "__main__":

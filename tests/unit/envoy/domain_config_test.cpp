@@ -150,6 +150,110 @@ TEST(EnvoyDomainConfig, HostileFilesAreBounded) {
   EXPECT_NE(huge.error().message.find("larger than"), std::string::npos);
 }
 
+// Nesting deeper than max_yaml_depth is refused by a scan before yaml-cpp, whose scanner would hold
+// every token of it (a million brackets in 2 MB cost hundreds of MB), naming the bound and the line.
+TEST(EnvoyDomainConfig, DeepNestingIsRefusedBeforeParsing) {
+  const std::string bound = "nest deeper than " + std::to_string(max_yaml_depth) + " levels";
+  std::string compact = "domain: a\ndescriptors:\n  ";
+  for (int i = 0; i < 500'000; ++i) compact += "- ";
+  std::string indented = "domain: a\n";
+  for (int i = 0; i < max_yaml_depth + 10; ++i) indented += std::string(static_cast<std::size_t>(i), ' ') + "k:\n";
+  struct hostile {
+    std::string yaml;
+    std::string message;
+  };
+  for (const hostile& h : {hostile{"domain: a\ndescriptors: " + std::string(1'000'000, '['), "f.yaml:2: "},
+                           hostile{"domain: a\ndescriptors:\n  - {key: " + std::string(1'000'000, '{'), "f.yaml:3: "},
+                           hostile{compact, "f.yaml:3: "},
+                           hostile{indented, "f.yaml:" + std::to_string(max_yaml_depth + 2) + ": "}}) {
+    auto d = parse_domain(h.yaml, "f.yaml");
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.error().message, h.message + "collections " + bound) << h.yaml.substr(0, 80);
+  }
+}
+
+// What only looks like nesting — brackets in quotes, comments, block scalars and plain values — is
+// not counted, and the deepest config the descriptors allow passes the scan.
+TEST(EnvoyDomainConfig, TheNestingScanCountsOnlyCollections) {
+  const std::string brackets(200, '[');
+  std::string yaml = "domain: a  # " + brackets + "\ndescriptors:\n";
+  yaml += "  - key: quoted\n    value: \"" + brackets + "\\\"" + brackets + "\"\n";
+  yaml += "  - key: single\n    value: '" + brackets + "''" + brackets + "'\n";
+  yaml += "  - key: block\n    value: |\n      " + brackets + "\n      - - - - -\n";
+  for (int i = 0; i < 100; ++i) yaml += "  - {key: plain" + std::to_string(i) + ", value: \"a[b\"}\n  - key: p" + std::to_string(i) + "\n    value: a[b{c\n";
+  std::string indent = "  ";
+  for (int i = 0; i < max_descriptor_depth; ++i) {
+    yaml += indent + "- key: level" + std::to_string(i) + "\n" + indent +
+            "  rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: x}], name: n" + std::to_string(i) +
+            "}\n";
+    if (i + 1 < max_descriptor_depth) yaml += indent + "  descriptors:\n";
+    indent += "    ";
+  }
+  auto d = parse_domain(yaml, "f.yaml");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->descriptors[0].value, brackets + "\"" + brackets);
+  EXPECT_EQ(d->descriptors[1].value, brackets + "'" + brackets);
+  EXPECT_EQ(d->descriptors[2].value, brackets + "\n- - - - -\n");
+  EXPECT_EQ(d->descriptors[4].value, "a[b{c");
+}
+
+// A limit that replaces itself, or limits that replace each other, would turn each other off in
+// every request they apply to: refused at load, naming the file and line.
+TEST(EnvoyDomainConfig, ReplacesCyclesAreRefused) {
+  auto self = parse_domain(R"(domain: a
+descriptors:
+  - key: k
+    rate_limit: {name: x, replaces: [{name: x}], unit: second, requests_per_unit: 1}
+)",
+                           "f.yaml");
+  ASSERT_FALSE(self.ok());
+  EXPECT_EQ(self.error().message, "f.yaml:4: rate_limit 'x' replaces itself, which would turn it off");
+  auto cycle = parse_domain(R"(domain: a
+descriptors:
+  - key: k1
+    rate_limit: {name: a, replaces: [{name: b}], unit: second, requests_per_unit: 1}
+  - key: k2
+    rate_limit: {name: b, replaces: [{name: other}, {name: c}], unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: k3
+        rate_limit: {name: c, replaces: [{name: a}], unit: second, requests_per_unit: 1}
+)",
+                            "f.yaml");
+  ASSERT_FALSE(cycle.ok());
+  EXPECT_EQ(cycle.error().message,
+            "f.yaml:9: replaces form a cycle ('a' replaces 'b' replaces 'c' replaces 'a'), which would turn these "
+            "limits off");
+  auto chain = parse_domain(R"(domain: a
+descriptors:
+  - key: k1
+    rate_limit: {name: a, replaces: [{name: b}], unit: second, requests_per_unit: 1}
+  - key: k2
+    rate_limit: {name: b, replaces: [{name: c}], unit: second, requests_per_unit: 1}
+  - key: k3
+    rate_limit: {name: c, unit: second, requests_per_unit: 1}
+  - key: k4
+    rate_limit: {name: d, replaces: [{name: b}, {name: c}], unit: second, requests_per_unit: 1}
+)",
+                            "f.yaml");
+  EXPECT_TRUE(chain.ok()) << chain.error().message;
+}
+
+// An anchor is walked at each alias: a list of replaces shared by many descriptors cannot make a
+// small file cost a memory bomb.
+TEST(EnvoyDomainConfig, AnchorsCountEachTimeTheyAreUsed) {
+  std::string yaml = "domain: a\ndescriptors:\n  - key: k0\n    rate_limit:\n      name: n\n      unit: second\n"
+                     "      requests_per_unit: 1\n      replaces: &many\n";
+  for (int i = 0; i < 1000; ++i) yaml += "        - {name: r" + std::to_string(i) + "}\n";
+  for (int i = 1; i < 200; ++i)
+    yaml += "  - key: k" + std::to_string(i) + "\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, "
+            "replaces: *many}\n";
+  auto d = parse_domain(yaml, "f.yaml");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("more than " + std::to_string(max_limits_per_domain) + " rate limits"),
+            std::string::npos)
+      << d.error().message;
+}
+
 TEST(EnvoyDomainConfig, ADirectoryHoldsOneDomainPerFile) {
   const auto dir = std::filesystem::temp_directory_path() / ("sluice-envoy-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

@@ -1,12 +1,18 @@
 // ShouldRateLimit decided on the memory backend with a simulated clock: matching as
 // envoyproxy/ratelimit matches, fixed windows aligned to the epoch, hits_addend, all or nothing
-// across descriptors, shadow_mode, unlimited, replaces, overrides, reloads, hostile requests.
+// across descriptors, shadow_mode, unlimited, replaces, overrides, reloads, unknown domains, hostile
+// requests.
 #include "envoy/rls_service.hpp"
 
 #include <gtest/gtest.h>
 
 #include <initializer_list>
+#include <memory>
+#include <sstream>
 #include <utility>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "sluice/memory_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
@@ -295,6 +301,45 @@ TEST_F(EnvoyService, ResponseHeadersComeFromTheClosestDescriptor) {
   EXPECT_EQ(r.response_headers_to_add(2).key(), "RateLimit-Reset");
   EXPECT_EQ(r.response_headers_to_add(2).value(), "50");
   EXPECT_EQ(ask(rls_request({{{"general", "x"}}})).response_headers_to_add_size(), 0) << "off by default";
+}
+
+// A misspelt domain in Envoy's config limits nothing (as in the reference): it is counted apart
+// from OK answers and logged once per domain, and a flood of random domains logs a bounded number
+// of lines (the domains remembered are as bounded).
+TEST_F(EnvoyService, UnknownDomainsAreCountedAndLoggedOncePerDomain) {
+  auto log = std::make_shared<std::ostringstream>();
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(
+      std::make_shared<spdlog::logger>("test", std::make_shared<spdlog::sinks::ostream_sink_mt>(*log)));
+  for (int i = 0; i < 3; ++i) {
+    auto r = ask(rls_request({{{"database", "users"}}}, 0, "egde"));
+    EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+    EXPECT_FALSE(r.statuses(0).has_current_limit());
+  }
+  ask(rls_request({{{"database", "users"}}}));
+  const std::size_t flood = max_logged_unknown_domains + 500;
+  for (std::size_t i = 0; i < flood; ++i) {
+    const std::string domain = "random-" + std::to_string(i) + "\n\"x=1";
+    ask(rls_request({{{"database", "other"}}}, 0, domain.c_str()));
+  }
+  spdlog::set_default_logger(previous);
+  std::string metrics;
+  service_.append_metrics(metrics);
+  EXPECT_NE(metrics.find("sluice_envoy_requests_total{code=\"unknown_domain\"} " + std::to_string(3 + flood)),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("sluice_envoy_requests_total{code=\"ok\"} 1\n"), std::string::npos) << metrics;
+  const std::string text = log->str();
+  auto count = [&](const std::string& s) {
+    std::size_t n = 0;
+    for (auto at = text.find(s); at != std::string::npos; at = text.find(s, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("event=envoy_unknown_domain domain=egde "), 1u) << "once per domain";
+  EXPECT_EQ(count("event=envoy_unknown_domain "), max_logged_unknown_domains) << "bounded";
+  EXPECT_EQ(count("event=envoy_unknown_domains_not_logged "), 1u);
+  EXPECT_NE(text.find("domain=\"random-0\\x0a\\\"x=1\""), std::string::npos) << "escaped: no forged line or field";
+  EXPECT_EQ(count("\n"), max_logged_unknown_domains + 1);
 }
 
 TEST_F(EnvoyService, MalformedRequestsAreRefusedAndCountNothing) {

@@ -66,7 +66,8 @@ TEST(PrefixStateTest, OverSizeValueIsLeftOutAndItsOldValueDropped) {
   EXPECT_TRUE(s.entries().empty());
   EXPECT_EQ(s.rejected_total(), 1u);
   ASSERT_EQ(s.rejected().size(), 1u);
-  EXPECT_EQ(s.rejected()[0], (rejected_key{.key = "a", .reason = "value of 17 bytes is over max_value_bytes (16)"}));
+  EXPECT_EQ(s.rejected()[0],
+            (rejected_key{.key = "a", .mod_revision = 3, .reason = "value of 17 bytes is over max_value_bytes (16)"}));
   EXPECT_EQ(s.revision(), 3);
 
   const auto generation = s.rejected_generation();
@@ -85,8 +86,24 @@ TEST(PrefixStateTest, OverLongKeyIsLeftOutAndListedByItsFirstBytes) {
   ASSERT_EQ(s.rejected().size(), 1u);
   EXPECT_EQ(s.rejected()[0].key, std::string(256, 'k'));
   EXPECT_EQ(s.rejected()[0].reason, "key of 1003 bytes is over max_key_bytes (1000)");
+  EXPECT_EQ(s.rejected()[0].mod_revision, 2);
   s.set_revision(2);
   EXPECT_EQ(s.apply(std::vector{erase(key, 3)}), 1u);  // deleted: off the list
+  EXPECT_TRUE(s.rejected().empty());
+}
+
+TEST(PrefixStateTest, ARejectedVersionIsListedWithItsWholeKeyAndRevision) {
+  // A reader keeps its previous version of the key: it must know which key, and which version.
+  auto s = make({.max_keys = 10, .max_value_bytes = 16, .max_key_bytes = 1000});
+  const std::string name(400, 'n');
+  s.set_revision(1);
+  EXPECT_EQ(s.apply(std::vector{put("/p/" + name, std::string(17, 'x'), 2)}), 1u);
+  EXPECT_EQ(s.apply(std::vector{put("/p/" + name, std::string(18, 'x'), 3, 2)}), 1u);
+  ASSERT_EQ(s.rejected().size(), 1u);
+  EXPECT_EQ(s.rejected()[0],
+            (rejected_key{.key = name, .mod_revision = 3, .reason = "value of 18 bytes is over max_value_bytes (16)"}));
+  EXPECT_EQ(s.rejected_total(), 2u);
+  EXPECT_EQ(s.apply(std::vector{erase("/p/" + name, 4)}), 1u);
   EXPECT_TRUE(s.rejected().empty());
 }
 
@@ -98,7 +115,8 @@ TEST(PrefixStateTest, AtTheKeyCapNewKeysAreLeftOutAndOldOnesStillChange) {
   s.set_revision(4);
   EXPECT_EQ(s.entries().size(), 2u);
   ASSERT_EQ(s.rejected().size(), 1u);
-  EXPECT_EQ(s.rejected()[0], (rejected_key{.key = "c", .reason = "the snapshot holds max_keys (2) keys"}));
+  EXPECT_EQ(s.rejected()[0],
+            (rejected_key{.key = "c", .mod_revision = 4, .reason = "the snapshot holds max_keys (2) keys"}));
   EXPECT_EQ(s.apply(std::vector{put("/p/a", "2", 5, 2), put("/p/d", "1", 5)}), 2u);
   EXPECT_EQ(s.entries().at("a").value, "2");
   EXPECT_EQ(s.entries().count("d"), 0u);

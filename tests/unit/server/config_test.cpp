@@ -343,7 +343,7 @@ TEST(Config, BadValueOfEachBackendKey) {
 TEST(Config, LoadConfigNamesMissingFile) {
   auto c = load_config("/nonexistent/sluice.toml");
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(c.error().message, "/nonexistent/sluice.toml: cannot open the file");
+  EXPECT_EQ(c.error().message, "/nonexistent/sluice.toml: cannot open the file (No such file or directory)");
 }
 
 // [envoy] and grpc_listen: every option read, the directory relative to the file, errors named.

@@ -53,6 +53,25 @@ TEST(EtcdRules, BadValueIsRejectedOnceAndThePreviousVersionStays) {
   EXPECT_EQ(rules.rules().size(), 2u);
 }
 
+TEST(EtcdRules, AVersionTheWatcherLeftOutIsRejectedOnceAndThePreviousVersionStays) {
+  auto rules = make();
+  bool changed = false;
+  rules.apply({{"rules/api", R"({"algorithm":"token_bucket","rate":5,"burst":10})", 3}}, changed);
+  const std::string too_big = "value of 70000 bytes is over max_value_bytes (65536)";
+  const std::vector<etcd_value> left_out = {{.key = "rules/api", .mod_revision = 4, .left_out = too_big},
+                                            {.key = "rules/new", .mod_revision = 5, .left_out = too_big}};
+  auto rejected = rules.apply(left_out, changed);
+  ASSERT_EQ(rejected.size(), 2u);
+  EXPECT_EQ(rejected[0].key, "/sluice/rules/api");
+  EXPECT_EQ(rejected[0].mod_revision, 4);
+  EXPECT_EQ(rejected[0].reason, "etcd /sluice/rules/api (mod_revision 4): " + too_big);
+  EXPECT_EQ(rejected[1].key, "/sluice/rules/new");
+  EXPECT_FALSE(changed) << "not a deletion: the rule in force stays";
+  ASSERT_EQ(rules.rules().size(), 1u);
+  EXPECT_EQ(rules.rules().at("api").mod_revision, 3);
+  EXPECT_TRUE(rules.apply(left_out, changed).empty()) << "each version reported once";
+}
+
 TEST(EtcdRules, HostileValuesAreRejectedWithAReason) {
   auto rules = make();
   bool changed = false;
