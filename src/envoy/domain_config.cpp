@@ -245,7 +245,8 @@ class reader {
   // An anchor's node is walked at each of its aliases: what it adds is counted each time.
   void count_limit(const YAML::Node& at) {
     if (++limits_ > max_limits_per_domain)
-      fail(at, "more than " + std::to_string(max_limits_per_domain) + " rate limits and replaces entries in one domain");
+      fail(at,
+           "more than " + std::to_string(max_limits_per_domain) + " rate limits and replaces entries in one domain");
   }
 
   std::string file_;
@@ -291,13 +292,13 @@ std::optional<error> replaces_cycle(const domain_config& d) {
       int& seen = state[e.to];
       if (seen == 1) {
         if (e.to == name)
-          return error(errc::config_invalid,
-                       e.by->where + ": rate_limit '" + std::string(name) + "' replaces itself, which would turn it off");
+          return error(errc::config_invalid, e.by->where + ": rate_limit '" + std::string(name) +
+                                                 "' replaces itself, which would turn it off");
         std::string cycle;
         auto it = std::find_if(path.begin(), path.end(), [&](const auto& p) { return p.first == e.to; });
         for (; it != path.end(); ++it) cycle += "'" + std::string(it->first) + "' replaces ";
-        return error(errc::config_invalid, e.by->where + ": replaces form a cycle (" + cycle + "'" +
-                                               std::string(e.to) + "'), which would turn these limits off");
+        return error(errc::config_invalid, e.by->where + ": replaces form a cycle (" + cycle + "'" + std::string(e.to) +
+                                               "'), which would turn these limits off");
       }
       if (seen == 0 && graph.contains(e.to)) {
         seen = 1;

@@ -141,7 +141,7 @@ struct grpc_server::impl {
   std::vector<std::unique_ptr<grpc_worker>> workers;
   std::optional<tcp::acceptor> acceptor;  // on workers[0]
   std::optional<asio::steady_timer> accept_retry;
-  std::size_t next_worker = 0;            // acceptor's thread
+  std::size_t next_worker = 0;  // acceptor's thread
   std::size_t max_open_per_worker = 1;
   int port = 0;
   std::atomic<bool> stopping{false};
@@ -189,10 +189,10 @@ struct grpc_connection : std::enable_shared_from_this<grpc_connection> {
   bool start();
   void read();
   void flush();
-  void close(close_reason why, std::uint32_t h2_error);  // GOAWAY, then the socket
+  void close(close_reason why, std::uint32_t h2_error);        // GOAWAY, then the socket
   void begin_close(close_reason why, std::uint32_t h2_error);  // the same, from inside a callback
-  void drop();                                            // the socket, at once
-  void go_away(std::int64_t deadline);                    // GOAWAY; calls open may still answer
+  void drop();                                                 // the socket, at once
+  void go_away(std::int64_t deadline);                         // GOAWAY; calls open may still answer
   void sweep(std::int64_t now);
   void answer(std::int32_t id, grpc_code code, std::string_view detail, std::string_view message);
   bool idle() const { return streams.empty() && !closing; }
@@ -239,7 +239,7 @@ struct grpc_connection : std::enable_shared_from_this<grpc_connection> {
   std::unordered_map<std::int32_t, grpc_stream> streams;
   std::size_t block_encoded = 0, block_decoded = 0;  // of the header block being received
   std::int64_t reset_tat_ns = 0;                     // the resets' rate, as GCRA's arrival time
-  std::optional<close_reason> fatal_reason;           // set by a callback that must end the connection
+  std::optional<close_reason> fatal_reason;          // set by a callback that must end the connection
 };
 
 namespace {
@@ -398,8 +398,8 @@ void grpc_connection::go_away(std::int64_t deadline) {
   if (closing || going_away) return;
   going_away = true;
   going_away_deadline = deadline;
-  nghttp2_submit_goaway(h2, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h2), NGHTTP2_NO_ERROR,
-                        nullptr, 0);
+  nghttp2_submit_goaway(h2, NGHTTP2_FLAG_NONE, nghttp2_session_get_last_proc_stream_id(h2), NGHTTP2_NO_ERROR, nullptr,
+                        0);
   flush();
 }
 
@@ -434,7 +434,8 @@ void grpc_connection::sweep(std::int64_t now) {
 // A peer's resets (its RST_STREAMs, or streams it made us refuse) as a token bucket in GCRA form.
 bool grpc_connection::take_reset(std::int64_t now) {
   const grpc_limits& l = server.limits;
-  const std::int64_t interval = 1'000'000'000 / static_cast<std::int64_t>(std::max<std::uint64_t>(1, l.resets_per_second));
+  const std::int64_t interval =
+      1'000'000'000 / static_cast<std::int64_t>(std::max<std::uint64_t>(1, l.resets_per_second));
   const std::int64_t tolerance = interval * static_cast<std::int64_t>(std::min<std::uint64_t>(l.reset_burst, 1u << 20));
   const std::int64_t tat = std::max(reset_tat_ns, now) + interval;
   if (tat - now > tolerance) return false;
@@ -576,7 +577,8 @@ int grpc_connection::on_frame_send(const nghttp2_frame& f) {
   // A refusal sent before the request ended: the rest of it is not wanted (RFC 9113 8.1).
   if (f.hd.type != NGHTTP2_HEADERS || (f.hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) return 0;
   const grpc_stream* s = find(f.hd.stream_id);
-  if (s != nullptr && !s->request_ended) nghttp2_submit_rst_stream(h2, NGHTTP2_FLAG_NONE, f.hd.stream_id, NGHTTP2_NO_ERROR);
+  if (s != nullptr && !s->request_ended)
+    nghttp2_submit_rst_stream(h2, NGHTTP2_FLAG_NONE, f.hd.stream_id, NGHTTP2_NO_ERROR);
   return 0;
 }
 
@@ -617,9 +619,8 @@ void grpc_connection::answer(std::int32_t id, grpc_code code, std::string_view d
   const nghttp2_nv headers[] = {field(":status", "200"), field("content-type", "application/grpc")};
   nghttp2_data_provider body{};
   body.read_callback = [](nghttp2_session*, std::int32_t id, std::uint8_t* buf, std::size_t length,
-                          std::uint32_t* flags, nghttp2_data_source*, void* u) {
-    return self_of(u).read_answer(id, buf, length, flags);
-  };
+                          std::uint32_t* flags, nghttp2_data_source*,
+                          void* u) { return self_of(u).read_answer(id, buf, length, flags); };
   nghttp2_submit_response(h2, id, headers, std::size(headers), &body);
   flush();
 }
@@ -664,9 +665,8 @@ void grpc_responder::finish(grpc_code code, std::string_view detail, std::string
   if (c->worker.io.get_executor().running_in_this_thread()) {
     c->answer(id, code, detail, message);
   } else {
-    asio::post(c->worker.io, [c, id, code, d = std::string(detail), m = std::string(message)] {
-      c->answer(id, code, d, m);
-    });
+    asio::post(c->worker.io,
+               [c, id, code, d = std::string(detail), m = std::string(message)] { c->answer(id, code, d, m); });
   }
   server.call_answered();  // last: shutdown may end the server once no call is unanswered
 }

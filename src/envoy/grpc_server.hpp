@@ -48,14 +48,14 @@ inline constexpr std::size_t max_header_list_bytes = 8192;
 
 /// How a connection was closed by the server (counted in `grpc_server::stats`).
 enum class close_reason : std::uint8_t {
-  idle,            // no call for idle_timeout
-  aged,            // max_connection_age, then its grace
-  shed,            // the longest idle, closed to make room at max_connections
-  refused,         // at max_connections with nothing idle to shed
-  header_limit,    // a header block over max_header_list_bytes
-  protocol,        // an HTTP/2 error, a flood nghttp2 refused (SETTINGS, PING, resets), a bad preface
-  resets,          // streams reset or left unanswered faster than reset_burst / resets_per_second
-  stalled,         // answers or writes unread for write_timeout
+  idle,          // no call for idle_timeout
+  aged,          // max_connection_age, then its grace
+  shed,          // the longest idle, closed to make room at max_connections
+  refused,       // at max_connections with nothing idle to shed
+  header_limit,  // a header block over max_header_list_bytes
+  protocol,      // an HTTP/2 error, a flood nghttp2 refused (SETTINGS, PING, resets), a bad preface
+  resets,        // streams reset or left unanswered faster than reset_burst / resets_per_second
+  stalled,       // answers or writes unread for write_timeout
   shutdown,
   count_
 };

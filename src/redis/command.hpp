@@ -224,8 +224,8 @@ struct reply_budget {
 /// Makes `reader` refuse a reply no command waits for (budget.awaited), or with an array of more
 /// than max_reply_array elements, more than max_reply_values values, or more than max_reply_bytes
 /// in its strings. hiredis makes each value as soon as it is read, so a hostile server's endless
-/// arrays would otherwise grow memory for as long as it sends. A refused reply fails the reader as out of memory, and `budget` (which must
-/// outlive the reader) tells why (the callbacks run inside hiredis, so they only note it).
+/// arrays would otherwise grow memory for as long as it sends. A refused reply fails the reader as out of memory, and
+/// `budget` (which must outlive the reader) tells why (the callbacks run inside hiredis, so they only note it).
 void bound_replies(redisReader& reader, reply_budget& budget) noexcept;
 
 /// Why the reader refused a reply, in words; empty when it has not.

@@ -358,7 +358,8 @@ bool valid_listen(std::string_view a) { return parse_host_port(a).ok(); }
 // [server]'s grpc_* keys: what one gRPC peer may hold of the Envoy API's server.
 result<void> read_grpc_limits(const section& s, envoy::grpc_limits& out) {
   const envoy::grpc_limits d;
-  auto number = [&](std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi, auto& field) -> result<void> {
+  auto number = [&](std::string_view key, std::int64_t def, std::int64_t lo, std::int64_t hi,
+                    auto& field) -> result<void> {
     auto v = s.integer_or(key, def, lo, hi);
     if (!v) return v.error();
     field = static_cast<std::remove_reference_t<decltype(field)>>(*v);
@@ -371,30 +372,31 @@ result<void> read_grpc_limits(const section& s, envoy::grpc_limits& out) {
     field = std::chrono::milliseconds(*v);
     return {};
   };
-  for (auto r : {number("grpc_max_connections", static_cast<std::int64_t>(d.max_connections), 1, 1'000'000, out.max_connections),
-                 number("grpc_max_concurrent_streams", d.max_concurrent_streams, 1, 10'000, out.max_concurrent_streams),
-                 ms("grpc_idle_timeout_ms", d.idle_timeout, 0, out.idle_timeout),
-                 ms("grpc_max_connection_age_ms", d.max_connection_age, 0, out.max_connection_age),
-                 ms("grpc_max_connection_age_grace_ms", d.max_connection_age_grace, 0, out.max_connection_age_grace),
-                 ms("grpc_write_timeout_ms", d.write_timeout, 1, out.write_timeout),
-                 ms("grpc_request_timeout_ms", d.request_timeout, 1, out.request_timeout),
-                 number("grpc_max_message_bytes", static_cast<std::int64_t>(d.max_message_bytes), 1024, 4 << 20,
-                        out.max_message_bytes),
-                 number("grpc_reset_burst", static_cast<std::int64_t>(d.reset_burst), 1, 1'000'000, out.reset_burst),
-                 number("grpc_resets_per_second", static_cast<std::int64_t>(d.resets_per_second), 1, 1'000'000,
-                        out.resets_per_second)}) {
+  for (auto r :
+       {number("grpc_max_connections", static_cast<std::int64_t>(d.max_connections), 1, 1'000'000, out.max_connections),
+        number("grpc_max_concurrent_streams", d.max_concurrent_streams, 1, 10'000, out.max_concurrent_streams),
+        ms("grpc_idle_timeout_ms", d.idle_timeout, 0, out.idle_timeout),
+        ms("grpc_max_connection_age_ms", d.max_connection_age, 0, out.max_connection_age),
+        ms("grpc_max_connection_age_grace_ms", d.max_connection_age_grace, 0, out.max_connection_age_grace),
+        ms("grpc_write_timeout_ms", d.write_timeout, 1, out.write_timeout),
+        ms("grpc_request_timeout_ms", d.request_timeout, 1, out.request_timeout),
+        number("grpc_max_message_bytes", static_cast<std::int64_t>(d.max_message_bytes), 1024, 4 << 20,
+               out.max_message_bytes),
+        number("grpc_reset_burst", static_cast<std::int64_t>(d.reset_burst), 1, 1'000'000, out.reset_burst),
+        number("grpc_resets_per_second", static_cast<std::int64_t>(d.resets_per_second), 1, 1'000'000,
+               out.resets_per_second)}) {
     if (!r) return r.error();
   }
   return {};
 }
 
 result<void> read_server(const section& s, config& out) {
-  if (auto v = s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms",
-                       "max_tenant_labels", "max_connections", "sweep_interval_ms", "grpc_listen",
-                       "grpc_max_connections", "grpc_max_concurrent_streams", "grpc_idle_timeout_ms",
-                       "grpc_max_connection_age_ms", "grpc_max_connection_age_grace_ms", "grpc_write_timeout_ms",
-                       "grpc_request_timeout_ms", "grpc_max_message_bytes", "grpc_reset_burst",
-                       "grpc_resets_per_second"});
+  if (auto v =
+          s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms", "max_tenant_labels",
+                  "max_connections", "sweep_interval_ms", "grpc_listen", "grpc_max_connections",
+                  "grpc_max_concurrent_streams", "grpc_idle_timeout_ms", "grpc_max_connection_age_ms",
+                  "grpc_max_connection_age_grace_ms", "grpc_write_timeout_ms", "grpc_request_timeout_ms",
+                  "grpc_max_message_bytes", "grpc_reset_burst", "grpc_resets_per_second"});
       !v) {
     return v.error();
   }

@@ -3,8 +3,8 @@
 
 namespace sluice::server {
 
-result<std::unique_ptr<envoy_source>> envoy_source::start(const envoy_settings&, const std::string&, const envoy::grpc_limits&,
-                                                          backend&) {
+result<std::unique_ptr<envoy_source>> envoy_source::start(const envoy_settings&, const std::string&,
+                                                          const envoy::grpc_limits&, backend&) {
   return error(errc::config_invalid,
                "[server] grpc_listen: this sluiced was built without Envoy support (SLUICE_WITH_ENVOY=OFF)");
 }

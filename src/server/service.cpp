@@ -256,10 +256,10 @@ void service::reload(std::string_view trigger) {
   }
   const std::string removed = loaded ? removed_rules(file_rules_, *loaded) : std::string();
   if (!removed.empty() && trigger == "file_change" && config_file_.hold_removal(steady::now())) {
-    spdlog::warn("event=reload_deferred trigger={} rules_removed={} wait_ms={} message=\"applied once the file has "
-                 "not changed for that long\"",
-                 trigger, log_value(removed),
-                 std::chrono::milliseconds(config_file_watch::settle_removal).count());
+    spdlog::warn(
+        "event=reload_deferred trigger={} rules_removed={} wait_ms={} message=\"applied once the file has "
+        "not changed for that long\"",
+        trigger, log_value(removed), std::chrono::milliseconds(config_file_watch::settle_removal).count());
     return;
   }
   config_file_.mark_loaded(read);
@@ -279,8 +279,7 @@ void service::reload(std::string_view trigger) {
   }
   if (next.envoy != old->cfg.envoy || next.server.grpc_listen != old->cfg.server.grpc_listen ||
       next.server.grpc != old->cfg.server.grpc) {
-    spdlog::warn(
-        "event=reload_restart_needed section=envoy message=\"[envoy] and grpc_* apply at the next start\"");
+    spdlog::warn("event=reload_restart_needed section=envoy message=\"[envoy] and grpc_* apply at the next start\"");
   }
   next.envoy = old->cfg.envoy;
   next.server.grpc_listen = old->cfg.server.grpc_listen;

@@ -324,8 +324,8 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
     hostile_server server(hostile);
     // Far above the 2–3 s a 17 MB reply takes to refuse under ASan on a loaded machine: a timeout
     // counted here means the connection was not dropped.
-    auto b =
-        make_redis_backend({.addresses = {server.address()}, .command_timeout = 10s, .breaker_failure_threshold = 1000});
+    auto b = make_redis_backend(
+        {.addresses = {server.address()}, .command_timeout = 10s, .breaker_failure_threshold = 1000});
     ASSERT_TRUE(b.ok());
     const auto start = steady::now();
     while (server.script_calls() == 0 && steady::now() - start < 5s) {

@@ -162,10 +162,10 @@ TEST(EnvoyDomainConfig, DeepNestingIsRefusedBeforeParsing) {
     std::string yaml;
     std::string message;
   };
-  for (const hostile& h : {hostile{"domain: a\ndescriptors: " + std::string(1'000'000, '['), "f.yaml:2: "},
-                           hostile{"domain: a\ndescriptors:\n  - {key: " + std::string(1'000'000, '{'), "f.yaml:3: "},
-                           hostile{compact, "f.yaml:3: "},
-                           hostile{indented, "f.yaml:" + std::to_string(max_yaml_depth + 2) + ": "}}) {
+  for (const hostile& h :
+       {hostile{"domain: a\ndescriptors: " + std::string(1'000'000, '['), "f.yaml:2: "},
+        hostile{"domain: a\ndescriptors:\n  - {key: " + std::string(1'000'000, '{'), "f.yaml:3: "},
+        hostile{compact, "f.yaml:3: "}, hostile{indented, "f.yaml:" + std::to_string(max_yaml_depth + 2) + ": "}}) {
     auto d = parse_domain(h.yaml, "f.yaml");
     ASSERT_FALSE(d.ok());
     EXPECT_EQ(d.error().message, h.message + "collections " + bound) << h.yaml.substr(0, 80);
@@ -180,7 +180,9 @@ TEST(EnvoyDomainConfig, TheNestingScanCountsOnlyCollections) {
   yaml += "  - key: quoted\n    value: \"" + brackets + "\\\"" + brackets + "\"\n";
   yaml += "  - key: single\n    value: '" + brackets + "''" + brackets + "'\n";
   yaml += "  - key: block\n    value: |\n      " + brackets + "\n      - - - - -\n";
-  for (int i = 0; i < 100; ++i) yaml += "  - {key: plain" + std::to_string(i) + ", value: \"a[b\"}\n  - key: p" + std::to_string(i) + "\n    value: a[b{c\n";
+  for (int i = 0; i < 100; ++i)
+    yaml += "  - {key: plain" + std::to_string(i) + ", value: \"a[b\"}\n  - key: p" + std::to_string(i) +
+            "\n    value: a[b{c\n";
   std::string indent = "  ";
   for (int i = 0; i < max_descriptor_depth; ++i) {
     yaml += indent + "- key: level" + std::to_string(i) + "\n" + indent +
@@ -241,11 +243,13 @@ descriptors:
 // An anchor is walked at each alias: a list of replaces shared by many descriptors cannot make a
 // small file cost a memory bomb.
 TEST(EnvoyDomainConfig, AnchorsCountEachTimeTheyAreUsed) {
-  std::string yaml = "domain: a\ndescriptors:\n  - key: k0\n    rate_limit:\n      name: n\n      unit: second\n"
-                     "      requests_per_unit: 1\n      replaces: &many\n";
+  std::string yaml =
+      "domain: a\ndescriptors:\n  - key: k0\n    rate_limit:\n      name: n\n      unit: second\n"
+      "      requests_per_unit: 1\n      replaces: &many\n";
   for (int i = 0; i < 1000; ++i) yaml += "        - {name: r" + std::to_string(i) + "}\n";
   for (int i = 1; i < 200; ++i)
-    yaml += "  - key: k" + std::to_string(i) + "\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, "
+    yaml += "  - key: k" + std::to_string(i) +
+            "\n    rate_limit: {name: n, unit: second, requests_per_unit: 1, "
             "replaces: *many}\n";
   auto d = parse_domain(yaml, "f.yaml");
   ASSERT_FALSE(d.ok());

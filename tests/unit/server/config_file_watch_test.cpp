@@ -100,7 +100,7 @@ TEST_F(config_file_watch_test, AWriteDuringTheReadIsSeenAfterIt) {
   config_file_watch watch(path_);
   write("bb");
   const config_file_watch::stamp read = watch.current();  // taken before the file is read
-  write("ccc");                                            // written while it was being read
+  write("ccc");                                           // written while it was being read
   watch.mark_loaded(read);
   EXPECT_FALSE(watch.changed(t0_));
   EXPECT_TRUE(watch.changed(t0_ + config_file_watch::settle));
