@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <optional>
 #include <set>
 
 #include <spdlog/spdlog.h>
 
+#include "core/log_value.hpp"
 #include "sluice/prometheus.hpp"
 
 namespace sluice::envoy {
@@ -30,29 +30,6 @@ void append_counted(std::string& out, std::string_view s) {
   out += std::to_string(s.size());
   out += ':';
   out += s;
-}
-
-// A request's text in a log field: bare when it is a plain token, else quoted with escapes, so
-// that no domain can forge fields or lines.
-std::string log_field(std::string_view v) {
-  const bool plain = !v.empty() && std::all_of(v.begin(), v.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' || c == '/' || c == ':';
-  });
-  if (plain) return std::string(v);
-  std::string out = "\"";
-  for (char ch : v) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') out += '\\';
-    if (c < 0x20 || c >= 0x7f) {
-      static constexpr char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 0xf];
-    } else {
-      out += ch;
-    }
-  }
-  return out + '"';
 }
 
 std::uint32_t as_uint32(std::int64_t v) {
@@ -368,7 +345,7 @@ void rls_service::note_unknown_domain(const std::string& domain) {
   }
   unknown_domains_.insert(domain);
   spdlog::warn("event=envoy_unknown_domain domain={} message=\"no config defines this domain: answered OK, no limit\"",
-               log_field(domain));
+               log_value(domain));
 }
 
 std::shared_ptr<const rls_service::override_limit> rls_service::override_for(const std::string& domain,

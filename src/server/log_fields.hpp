@@ -1,4 +1,5 @@
-// sluiced's log lines: field values that a hostile key cannot forge, and the refusal log's budget.
+// sluiced's log lines: field values that a hostile key cannot forge (log_value), and the refusal
+// log's budget.
 #pragma once
 
 #include <cstddef>
@@ -8,11 +9,9 @@
 #include <string>
 #include <string_view>
 
-namespace sluice::server {
+#include "core/log_value.hpp"  // log_value
 
-/// A log field value: bare when it is a plain token, else quoted with escapes (at most 256 bytes of
-/// it), so that a hostile key cannot forge fields or lines.
-std::string log_value(std::string_view v);
+namespace sluice::server {
 
 /// `log_rejections`: the first lines of each second are logged in full; the rest are counted per
 /// rule and reported once a second by flush(), so a flood of refusals cannot flood the log.
