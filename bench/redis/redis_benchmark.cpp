@@ -123,21 +123,20 @@ run_result drive(sluice::backend& b, const sluice::prepared_rule& r, const std::
       const std::string& key = (*s->keys)[k];
       const auto t0 = steady::now();
       // Dual layer: about 1,000 tenants ("user:10000" ... "user:10999") of 100 users each.
-      s->b->async_check(
-          {.rule = &s->r->definition(), .key = key, .tenant = (*s->tenants)[k], .user = key, .prepared = s->r},
-          [s, i, t0](sluice::result<sluice::decision> d) {
-            s->latency_ns[static_cast<std::size_t>(i)] = (steady::now() - t0).count();
-            if (!d || d->source != sluice::decision_source::limiter) {
-              s->failed.fetch_add(1, std::memory_order_relaxed);
-            } else if (d->allowed) {
-              s->admitted.fetch_add(1, std::memory_order_relaxed);
-            }
-            if (s->finished.fetch_add(1) + 1 == s->total) {
-              s->done.set_value();
-              return;
-            }
-            next(s);
-          });
+      s->b->async_check({.rule = s->r, .key = key, .tenant = (*s->tenants)[k], .user = key},
+                        [s, i, t0](sluice::result<sluice::decision> d) {
+                          s->latency_ns[static_cast<std::size_t>(i)] = (steady::now() - t0).count();
+                          if (!d || d->source != sluice::decision_source::limiter) {
+                            s->failed.fetch_add(1, std::memory_order_relaxed);
+                          } else if (d->allowed) {
+                            s->admitted.fetch_add(1, std::memory_order_relaxed);
+                          }
+                          if (s->finished.fetch_add(1) + 1 == s->total) {
+                            s->done.set_value();
+                            return;
+                          }
+                          next(s);
+                        });
     }
   };
   const auto start = steady::now();

@@ -4,10 +4,16 @@
 // answer `check(request) -> result<decision>`, blocking or asynchronously, so surfaces (the HTTP
 // middleware, sluiced) do not care which one serves them.
 //
+// A rule is prepared once (validated, its limiter state or script made), then every check names the
+// prepared rule:
+//
 //   std::unique_ptr<sluice::backend> backend = sluice::make_memory_backend({}).value();
-//   sluice::check_request req{.rule = api_rule, .key = "user:42"};
-//   sluice::result<sluice::decision> d = backend->check(req);
-//   backend->async_check(req, [](sluice::result<sluice::decision> d) { ... });
+//   sluice::prepared_rule_ptr api = backend->prepare(api_rule).value();
+//   sluice::result<sluice::decision> d = backend->check({.rule = api.get(), .key = "user:42"});
+//   backend->async_check({.rule = api.get(), .key = "user:42"}, [](sluice::result<sluice::decision> d) { ... });
+//
+// The four check calls validate their request (validate, validate_all) and hand it, valid, to the
+// implementation's decide*: the one place a request is checked, and below it layers assert.
 //
 // Thread-safe: implementations must accept checks from any thread.
 #pragma once
@@ -51,26 +57,23 @@ class prepared_rule {
 
 using prepared_rule_ptr = std::shared_ptr<const prepared_rule>;
 
-/// One check. Single-layer rules use `key`; dual-layer rules use `tenant` and `user`.
-/// The views must stay valid until the check completes (for async_check, until the callback runs).
+/// One check of a prepared rule. Single-layer rules use `key`; dual-layer rules use `tenant` and
+/// `user`. `rule` was prepared by the backend checked, and it and the views must stay valid until
+/// the check completes (for async_check, until the callback runs).
 struct check_request {
-  const sluice::rule* rule = nullptr;
+  const prepared_rule* rule = nullptr;
   std::string_view key;
   std::string_view tenant;
   std::string_view user;
   std::int64_t cost = 1;
-  /// The rule as this backend prepared it (with `rule` = &prepared->definition()): the check then
-  /// skips the rule's lookup and validation. Must outlive the check. Default: none (the backend
-  /// finds, or first makes, what it needs for `rule`: slower).
-  const prepared_rule* prepared = nullptr;
 
-  /// A request for `p`'s rule, carrying `p`.
-  static check_request of(const prepared_rule& p) noexcept { return {.rule = &p.definition(), .prepared = &p}; }
+  /// The rule's definition. Precondition: `rule` is set.
+  const sluice::rule& definition() const noexcept { return rule->definition(); }
 };
 
-/// Validates a request against its rule: rule set, cost in range, keys present and not too long.
-/// Every backend calls this first; a rejected request changes no state.
-result<void> validate(const check_request& req);
+/// Validates a request for backend `b`: a rule prepared by `b`, cost in range, keys present and not
+/// too long. backend::check calls it; a rejected request changes no state.
+result<void> validate(const check_request& req, const backend& b);
 
 /// What a remote backend does when it cannot answer (timeout, connection down, circuit open).
 enum class failure_policy : std::uint8_t {
@@ -84,9 +87,10 @@ using check_handler = std::function<void(result<decision>)>;
 /// Most checks one check_all() decides together.
 inline constexpr std::size_t max_checks_per_call = 64;
 
-/// Validates the checks of one check_all(): 1 to max_checks_per_call of them, each valid as a check
-/// (validate) but for a cost above its rule's capacity, single-layer, and no rule and key twice.
-result<void> validate_all(std::span<const check_request> checks);
+/// Validates the checks of one check_all() for backend `b`: 1 to max_checks_per_call of them, each
+/// valid as a check (validate) but for a cost above its rule's capacity, single-layer, and no rule
+/// and key twice.
+result<void> validate_all(std::span<const check_request> checks, const backend& b);
 
 /// Whether `req`'s cost is above what its rule can ever admit (validate_cost's cost_exceeds_burst).
 bool exceeds_capacity(const check_request& req) noexcept;
@@ -116,11 +120,13 @@ class backend {
   virtual result<prepared_rule_ptr> prepare_override(const rule& r, const prepared_rule& base);
 
   /// Checks and, when admitted, records `req.cost`. Blocks at most the backend's timeout.
-  virtual result<decision> check(const check_request& req) = 0;
+  /// Errors: what validate() refuses (nothing changes), a backend failure its on_error turned into
+  /// an error.
+  result<decision> check(const check_request& req);
 
   /// As check(), completing through `handler` (possibly inline, possibly on another thread).
   /// Never blocks the calling thread on I/O.
-  virtual void async_check(const check_request& req, check_handler handler) = 0;
+  void async_check(const check_request& req, check_handler handler);
 
   /// Decides several single-layer checks as one (an Envoy request's descriptors): when every one
   /// admits, all are recorded; when any refuses, none is, so a refused request consumes nothing.
@@ -131,11 +137,11 @@ class backend {
   /// for every check. On a Redis Cluster, where one script sees one slot's keys, a call over
   /// several slots first looks at each, and records on each only when all would admit: another
   /// call taking a unit between the two rounds can still leave a refused call recorded in part.
-  virtual result<std::vector<decision>> check_all(std::span<const check_request> checks) = 0;
+  result<std::vector<decision>> check_all(std::span<const check_request> checks);
 
   /// As check_all(), completing through `handler`; `checks` and their views must stay valid until
   /// it runs.
-  virtual void async_check_all(std::span<const check_request> checks, check_all_handler handler) = 0;
+  void async_check_all(std::span<const check_request> checks, check_all_handler handler);
 
   /// True when the backend can currently answer (for readiness probes).
   virtual bool ready() = 0;
@@ -144,10 +150,6 @@ class backend {
   /// may then skip what waiting on another thread would need. Default: false.
   virtual bool completes_inline() const noexcept { return false; }
 
-  /// Drops the state a backend keeps for checks of `rule_name` made without a prepared rule (a
-  /// prepared rule's state goes with the prepared rule). Default: nothing.
-  virtual void forget_rule(std::string_view /*rule_name*/) {}
-
   /// Appends the backend's own metrics to `prometheus_text` (sluice/prometheus.hpp): live keys and
   /// evictions for the memory backend, connection and failure counters for Redis. Default: none.
   virtual void append_metrics(std::string& /*prometheus_text*/) {}
@@ -155,6 +157,14 @@ class backend {
   /// Drops state that carries no information any more (full buckets, empty windows), one shard
   /// lock at a time. Backends whose state expires by itself (Redis TTLs) do nothing. Default: nothing.
   virtual void sweep_idle() {}
+
+ protected:
+  /// The four checks above, given requests their validation accepted (the implementations assert
+  /// what it guarantees). Same contracts otherwise.
+  virtual result<decision> decide(const check_request& req) = 0;
+  virtual void async_decide(const check_request& req, check_handler handler) = 0;
+  virtual result<std::vector<decision>> decide_all(std::span<const check_request> checks) = 0;
+  virtual void async_decide_all(std::span<const check_request> checks, check_all_handler handler) = 0;
 };
 
 }  // namespace sluice

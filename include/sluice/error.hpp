@@ -49,6 +49,9 @@ enum class condition {
   /// backend_unavailable, backend_timeout, backend_protocol, backend_overloaded: the backend could
   /// not decide, so a failure policy applies — unlike a request that could never be admitted.
   backend_failure = 1,
+  /// invalid_argument, cost_exceeds_burst, key_too_long, unknown_rule: the caller's request is at
+  /// fault (HTTP 400, gRPC INVALID_ARGUMENT), and nothing changed.
+  invalid_request,
 };
 
 }  // namespace sluice

@@ -32,6 +32,10 @@
 
 namespace sluice {
 
+namespace detail {
+struct keyed_unchecked;  // the memory backend's way in, for checks backend::check validated
+}
+
 /// What happened at a keyed limiter's key cap since it was made.
 struct key_cap_stats {
   std::uint64_t evicted_idle = 0;    ///< Idle entries dropped for new keys: nothing forgotten.
@@ -108,8 +112,17 @@ class keyed_limiter {
   key_cap_stats stats() const;
 
  private:
+  friend struct detail::keyed_unchecked;
   struct impl;
   explicit keyed_limiter(std::unique_ptr<impl> p);
+
+  // The three checks above without their validation: the caller has validated key and cost.
+  result<decision> acquire(std::string_view key, time_point now, std::int64_t cost, const key_limits* limits);
+  static result<decision> acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
+                                       std::string_view user, time_point now, std::int64_t cost,
+                                       const key_limits* tenant_limits, const key_limits* user_limits);
+  static result<void> acquire_all(std::span<const keyed_check> checks, time_point now, std::span<decision> out);
+
   std::unique_ptr<impl> impl_;
 };
 

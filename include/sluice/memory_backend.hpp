@@ -5,8 +5,11 @@
 //
 //   auto backend = sluice::make_memory_backend({.max_keys_per_rule = 1'000'000});
 //   if (!backend) return fail(backend.error().message);
-//   sluice::rule api{.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)};
-//   auto d = (*backend)->check({.rule = &api, .key = "user:42"});
+//   auto api = (*backend)->prepare({.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)});
+//   auto d = (*backend)->check({.rule = api->get(), .key = "user:42"});
+//
+// A prepared rule holds its keys' state: it lives as long as someone holds the prepared rule (a
+// rule set, the middleware), and the same rule prepared again starts afresh.
 //
 // Thread-safe.
 #pragma once

@@ -10,9 +10,10 @@
 //
 //   auto b = sluice::make_redis_backend({.addresses = {"10.0.0.5:6379"}, .password = secret});
 //   if (!b) return fail(b.error().message);
-//   sluice::rule api{.name = "api", .limit = sluice::sliding_window_policy(100, std::chrono::minutes(1))};
-//   sluice::result<sluice::decision> d = (*b)->check({.rule = &api, .key = "user:42"});
-//   (*b)->async_check({.rule = &api, .key = "user:42"}, [](sluice::result<sluice::decision> d) { ... });
+//   sluice::rule api_rule{.name = "api", .limit = sluice::sliding_window_policy(100, std::chrono::minutes(1))};
+//   sluice::prepared_rule_ptr api = (*b)->prepare(api_rule).value();
+//   sluice::result<sluice::decision> d = (*b)->check({.rule = api.get(), .key = "user:42"});
+//   (*b)->async_check({.rule = api.get(), .key = "user:42"}, [](sluice::result<sluice::decision> d) { ... });
 //
 // Redis keys (ids percent-encoded, so `{`, `}`, `:`, `%`, spaces and binary bytes never reach a key
 // raw, and no two distinct ids share a key):
@@ -62,9 +63,9 @@
 // one call per check: the tenant's units are taken with an admitted user layer (in one script), or
 // from the lease and put back when the user layer refuses (where that is still exact: a token
 // bucket's unit only when no later slot was taken since; otherwise it is lost to this instance,
-// never over-admitted). check_all() and checks without a prepared rule do not lease. A rule
-// prepared again starts without leases or remembered refusals; the dropped one's leases are given
-// back. The counters are in append_metrics (sluice_lease_*, per rule name).
+// never over-admitted). check_all() does not lease. A rule prepared again starts without leases or
+// remembered refusals; the dropped one's leases are given back. The counters are in append_metrics (sluice_lease_*, per
+// rule name).
 //
 // Thread-safe. `check()` blocks; never call it on the backend's own io thread (it returns
 // errc::invalid_argument there) — use async_check (or sluice/asio.hpp) on that thread. Handlers of

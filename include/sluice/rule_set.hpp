@@ -10,7 +10,7 @@
 //   auto set = sluice::rule_set::build(*backend, cfg.rules, {.source = "sluice.toml"}, previous.get());
 //   if (!set) return log(set.error().message);           // "rule 'api': burst must be >= 0, got -1"
 //   const sluice::prepared_rule* api = (*set)->find("api");
-//   backend->check({.rule = &api->definition(), .key = "user:42", .prepared = api});
+//   backend->check({.rule = api, .key = "user:42"});
 //
 // Thread-safe: immutable once built.
 #pragma once
@@ -46,6 +46,9 @@ class rule_set {
   const std::vector<prepared_rule_ptr>& rules() const noexcept { return rules_; }
   /// The rule named `name`, or nullptr. One hash lookup.
   const prepared_rule* find(std::string_view name) const noexcept;
+  /// Where the rule named `name` is in rules(), or npos. One hash lookup.
+  std::size_t position(std::string_view name) const noexcept;
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
   std::size_t size() const noexcept { return rules_.size(); }
   std::uint64_t version() const noexcept { return version_; }
   const std::string& source() const noexcept { return from_.source; }

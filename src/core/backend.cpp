@@ -1,5 +1,8 @@
-// The backend interface's shared parts: request validation and the default prepare().
+// The backend interface's shared parts: the one validation of every request, and the default
+// prepare().
 #include "sluice/backend.hpp"
+
+#include <utility>
 
 namespace sluice {
 
@@ -14,9 +17,32 @@ result<prepared_rule_ptr> backend::prepare_change(const rule& r, const prepared_
 
 result<prepared_rule_ptr> backend::prepare_override(const rule& r, const prepared_rule& /*base*/) { return prepare(r); }
 
-result<void> validate(const check_request& req) {
+result<decision> backend::check(const check_request& req) {
+  if (auto v = validate(req, *this); !v) return v.error();
+  return decide(req);
+}
+
+void backend::async_check(const check_request& req, check_handler handler) {
+  if (!handler) handler = [](result<decision>) {};
+  if (auto v = validate(req, *this); !v) return handler(v.error());
+  async_decide(req, std::move(handler));
+}
+
+result<std::vector<decision>> backend::check_all(std::span<const check_request> checks) {
+  if (auto v = validate_all(checks, *this); !v) return v.error();
+  return decide_all(checks);
+}
+
+void backend::async_check_all(std::span<const check_request> checks, check_all_handler handler) {
+  if (!handler) handler = [](result<std::vector<decision>>) {};
+  if (auto v = validate_all(checks, *this); !v) return handler(v.error());
+  async_decide_all(checks, std::move(handler));
+}
+
+result<void> validate(const check_request& req, const backend& b) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
-  const rule& r = *req.rule;
+  if (req.rule->owner() != &b) return {errc::invalid_argument, "check of a rule prepared by another backend"};
+  const rule& r = req.definition();
   if (auto v = validate_cost(r.limit, req.cost); !v) return v;
   if (r.tenant) {
     if (auto v = validate_cost(*r.tenant, req.cost); !v) return {v.error().code, "tenant layer: " + v.error().message};
@@ -32,10 +58,10 @@ result<void> validate(const check_request& req) {
 }
 
 bool exceeds_capacity(const check_request& req) noexcept {
-  return req.rule != nullptr && !req.rule->is_dual_layer() && exceeds_capacity(req.rule->limit, req.cost);
+  return req.rule != nullptr && !req.definition().is_dual_layer() && exceeds_capacity(req.definition().limit, req.cost);
 }
 
-result<void> validate_all(std::span<const check_request> checks) {
+result<void> validate_all(std::span<const check_request> checks, const backend& b) {
   if (checks.empty()) return {errc::invalid_argument, "check_all needs at least one check"};
   if (checks.size() > max_checks_per_call) {
     return {errc::invalid_argument, "check_all takes at most " + std::to_string(max_checks_per_call) + " checks, got " +
@@ -43,15 +69,18 @@ result<void> validate_all(std::span<const check_request> checks) {
   }
   for (std::size_t i = 0; i < checks.size(); ++i) {
     const check_request& c = checks[i];
-    if (c.rule != nullptr && c.rule->is_dual_layer())
-      return {errc::invalid_argument, "check_all takes single-layer rules; '" + c.rule->name + "' is dual-layer"};
+    if (c.rule != nullptr && c.definition().is_dual_layer()) {
+      return {errc::invalid_argument,
+              "check_all takes single-layer rules; '" + c.definition().name + "' is dual-layer"};
+    }
     // A cost no wait admits is a refusal, not an error: the rest of the check must be valid.
     check_request rest = c;
     if (exceeds_capacity(c)) rest.cost = 1;
-    if (auto v = validate(rest); !v) return v;
+    if (auto v = validate(rest, b); !v) return v;
     for (std::size_t j = 0; j < i; ++j) {
-      if (checks[j].rule->name == c.rule->name && checks[j].key == c.key)
-        return {errc::invalid_argument, "check_all: rule '" + c.rule->name + "' and one key are checked twice"};
+      if (checks[j].definition().name == c.definition().name && checks[j].key == c.key) {
+        return {errc::invalid_argument, "check_all: rule '" + c.definition().name + "' and one key are checked twice"};
+      }
     }
   }
   return {};

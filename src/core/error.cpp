@@ -32,14 +32,24 @@ class condition_category_impl final : public std::error_category {
  public:
   const char* name() const noexcept override { return "sluice-condition"; }
   std::string message(int value) const override {
-    return static_cast<condition>(value) == condition::backend_failure ? "backend failure" : "unknown sluice condition";
+    switch (static_cast<condition>(value)) {
+      case condition::backend_failure: return "backend failure";
+      case condition::invalid_request: return "invalid request";
+    }
+    return "unknown sluice condition";
   }
   bool equivalent(const std::error_code& code, int value) const noexcept override {
-    if (code.category() != sluice::error_category() || static_cast<condition>(value) != condition::backend_failure)
-      return false;
+    if (code.category() != sluice::error_category()) return false;
     const auto e = static_cast<errc>(code.value());
-    return e == errc::backend_unavailable || e == errc::backend_timeout || e == errc::backend_protocol ||
-           e == errc::backend_overloaded;
+    switch (static_cast<condition>(value)) {
+      case condition::backend_failure:
+        return e == errc::backend_unavailable || e == errc::backend_timeout || e == errc::backend_protocol ||
+               e == errc::backend_overloaded;
+      case condition::invalid_request:
+        return e == errc::invalid_argument || e == errc::cost_exceeds_burst || e == errc::key_too_long ||
+               e == errc::unknown_rule;
+    }
+    return false;
   }
 };
 

@@ -35,6 +35,11 @@ const prepared_rule_ptr* rule_set::entry(std::string_view name) const noexcept {
   return it == by_name_.end() ? nullptr : &rules_[it->second];
 }
 
+std::size_t rule_set::position(std::string_view name) const noexcept {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? npos : it->second;
+}
+
 const prepared_rule* rule_set::find(std::string_view name) const noexcept {
   const prepared_rule_ptr* p = entry(name);
   return p ? p->get() : nullptr;

@@ -17,9 +17,9 @@ using code = pb::RateLimitResponse::Code;
 
 grpc::Status invalid(std::string message) { return {grpc::StatusCode::INVALID_ARGUMENT, std::move(message)}; }
 
+// The one mapping from a check's error to the call's status.
 grpc::Status status_of(const error& e) {
-  if (e == errc::invalid_argument || e == errc::key_too_long || e == errc::cost_exceeds_burst)
-    return invalid(e.message);
+  if (e.code == condition::invalid_request) return invalid(e.message);
   if (e == errc::capacity_exhausted) return {grpc::StatusCode::RESOURCE_EXHAUSTED, e.message};
   return {grpc::StatusCode::UNAVAILABLE, e.message};
 }
@@ -179,23 +179,18 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
       const std::int64_t cost = a.look ? std::max<std::int64_t>(rule.definition().limit.capacity(), 0) + 1
                                        : static_cast<std::int64_t>(c->hits[static_cast<std::size_t>(a.descriptor)]);
       auto same = a.look ? checks.end() : std::find_if(checks.begin(), checks.end(), [&](const check_request& r) {
-        return r.rule->name == rule.definition().name && r.key == key;
+        return r.definition().name == rule.definition().name && r.key == key;
       });
       if (same != checks.end()) {
         same->cost += cost;
-        if (rule.definition().limit.capacity() < same->rule->limit.capacity()) {
-          same->rule = &rule.definition();
-          same->prepared = &rule;
-        }
+        if (rule.definition().limit.capacity() < same->definition().limit.capacity()) same->rule = &rule;
         a.check = static_cast<std::size_t>(same - checks.begin());
         continue;
       }
       if (checks.size() == max_checks_per_call)
         return reject(invalid("more than " + std::to_string(max_checks_per_call) + " limits apply to one request"));
       a.check = checks.size();
-      checks.push_back(check_request::of(rule));
-      checks.back().key = key;
-      checks.back().cost = cost;
+      checks.push_back({.rule = &rule, .key = key, .cost = cost});
     }
   }
 

@@ -1,6 +1,7 @@
 #include "sluice/keyed.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <mutex>
 #include <string>
 #include <variant>
@@ -108,6 +109,12 @@ result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now
   if (key.empty()) return {errc::invalid_argument, "key must not be empty"};
   if (auto v = validate_key(key); !v) return v.error();
   if (auto c = validate_cost(limits ? limits->policy : impl_->policy, cost); !c) return c.error();
+  return acquire(key, now, cost, limits);
+}
+
+result<decision> keyed_limiter::acquire(std::string_view key, time_point now, std::int64_t cost,
+                                        const key_limits* limits) {
+  assert(!key.empty() && key.size() <= max_key_length && cost > 0);
   const std::int64_t now_ns = to_ns(now);
   return std::visit(
       [&](auto& table) {
@@ -135,6 +142,13 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
   if (auto c = validate_cost(tenant_policy, cost); !c)
     return error(c.error().code, "tenant layer: " + c.error().message);
   if (auto c = validate_cost(user_policy, cost); !c) return error(c.error().code, "user layer: " + c.error().message);
+  return acquire_dual(tenants, tenant, users, user, now, cost, tenant_limits, user_limits);
+}
+
+result<decision> keyed_limiter::acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
+                                             std::string_view user, time_point now, std::int64_t cost,
+                                             const key_limits* tenant_limits, const key_limits* user_limits) {
+  assert(&tenants != &users && !tenant.empty() && !user.empty() && cost > 0);
   const std::int64_t now_ns = to_ns(now);
   const std::string user_key = pair_key(tenant, user);
   return std::visit(
@@ -156,6 +170,11 @@ result<void> keyed_limiter::try_acquire_all(std::span<const keyed_check> checks,
     if (auto v = validate_key(c.key); !v) return v.error();
     if (c.cost <= 0) return {errc::invalid_argument, "cost must be > 0, got " + std::to_string(c.cost)};
   }
+  return acquire_all(checks, now, out);
+}
+
+result<void> keyed_limiter::acquire_all(std::span<const keyed_check> checks, time_point now, std::span<decision> out) {
+  assert(out.size() == checks.size());
   const std::int64_t now_ns = to_ns(now);
   std::vector<std::variant<bucket_table::place, window_table::place>> places(checks.size());
   std::vector<std::mutex*> locks;

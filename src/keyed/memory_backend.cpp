@@ -1,13 +1,13 @@
 #include "sluice/memory_backend.hpp"
 
-#include <array>
-#include <atomic>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "keyed/keyed_unchecked.hpp"
 #include "sluice/keyed.hpp"
 #include "sluice/prometheus.hpp"
 
@@ -30,20 +30,6 @@ struct memory_prepared_rule final : prepared_rule {
   std::optional<keyed_limiter::key_limits> limits;         // the user layer's, or the only one's
   std::optional<keyed_limiter::key_limits> tenant_limits;  // dual-layer
 };
-
-// Each thread remembers the rule states it used last, so that a check takes no lock and writes no
-// shared cache line (with two I/O threads, a shared mutex and reference count cost more than the
-// check itself). An entry is valid while its backend's generation, bumped by every change to the
-// rules map, is unchanged. A state dropped from the map stays alive while a thread's entry holds it:
-// until that thread next misses the cache on the same backend (it then drops its stale entries).
-struct cached_rule_state {
-  std::uint64_t backend_id = 0;  // 0: empty
-  std::uint64_t generation = 0;
-  std::shared_ptr<rule_state> state;
-};
-thread_local std::array<cached_rule_state, 8> rule_cache;
-thread_local std::size_t rule_cache_next = 0;
-std::atomic<std::uint64_t> next_backend_id{1};
 
 class memory_backend_impl final : public memory_backend {
  public:
@@ -97,60 +83,37 @@ class memory_backend_impl final : public memory_backend {
     return prepared_rule_ptr(std::move(p));
   }
 
-  result<decision> check(const check_request& req) override {
-    if (auto v = validate(req); !v) return v.error();
-    if (req.prepared != nullptr && req.prepared->owner() == this) {
-      const auto& p = *static_cast<const memory_prepared_rule*>(req.prepared);
-      return decide(*p.state, req, p.limits ? &*p.limits : nullptr, p.tenant_limits ? &*p.tenant_limits : nullptr);
+  result<decision> decide(const check_request& req) override {
+    const auto& p = prepared_of(req);
+    const time_point now = options_.clock->now();
+    const rule_state& s = *p.state;
+    if (s.tenants) {
+      return detail::keyed_unchecked::acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost,
+                                                   p.tenant_limits ? &*p.tenant_limits : nullptr,
+                                                   p.limits ? &*p.limits : nullptr);
     }
-    rule_state* cached = cached_state_for(*req.rule);
-    std::shared_ptr<rule_state> held;
-    if (cached == nullptr) {
-      auto state = state_for(*req.rule);
-      if (!state) return state.error();
-      held = std::move(*state);
-      cached = held.get();
-    }
-    return decide(*cached, req);
+    return detail::keyed_unchecked::acquire(*s.limiter, req.key, now, req.cost, p.limits ? &*p.limits : nullptr);
   }
 
-  void async_check(const check_request& req, check_handler handler) override { handler(check(req)); }
+  void async_decide(const check_request& req, check_handler handler) override { handler(decide(req)); }
 
-  result<std::vector<decision>> check_all(std::span<const check_request> checks) override {
-    if (auto v = validate_all(checks); !v) return v.error();
+  result<std::vector<decision>> decide_all(std::span<const check_request> checks) override {
     std::vector<keyed_limiter::keyed_check> keyed(checks.size());
-    std::vector<std::shared_ptr<rule_state>> held;  // the states of rules checked unprepared
     for (std::size_t i = 0; i < checks.size(); ++i) {
-      const check_request& c = checks[i];
-      if (c.prepared != nullptr && c.prepared->owner() == this) {
-        const auto& p = *static_cast<const memory_prepared_rule*>(c.prepared);
-        keyed[i] = {p.state->limiter.get(), c.key, c.cost, p.limits ? &*p.limits : nullptr};
-        continue;
-      }
-      auto state = state_for(*c.rule);
-      if (!state) return state.error();
-      held.push_back(std::move(*state));
-      keyed[i] = {held.back()->limiter.get(), c.key, c.cost, nullptr};
+      const auto& p = prepared_of(checks[i]);
+      keyed[i] = {p.state->limiter.get(), checks[i].key, checks[i].cost, p.limits ? &*p.limits : nullptr};
     }
     std::vector<decision> out(checks.size());
-    if (auto r = keyed_limiter::try_acquire_all(keyed, options_.clock->now(), out); !r) return r.error();
+    if (auto r = detail::keyed_unchecked::acquire_all(keyed, options_.clock->now(), out); !r) return r.error();
     return out;
   }
 
-  void async_check_all(std::span<const check_request> checks, check_all_handler handler) override {
-    handler(check_all(checks));
+  void async_decide_all(std::span<const check_request> checks, check_all_handler handler) override {
+    handler(decide_all(checks));
   }
 
   bool ready() override { return true; }
   bool completes_inline() const noexcept override { return true; }
-
-  void forget_rule(std::string_view name) override {
-    std::lock_guard lock(mutex_);
-    if (auto it = rules_.find(name); it != rules_.end()) {
-      rules_.erase(it);
-      generation_.fetch_add(1, std::memory_order_release);
-    }
-  }
 
   void sweep_idle() override {
     const time_point now = options_.clock->now();
@@ -208,25 +171,19 @@ class memory_backend_impl final : public memory_backend {
     prepared_.push_back(s);
   }
 
-  // Every state in use: the rules checked unprepared, and those prepared and still held.
+  // Every state in use: those of the prepared rules still held.
   std::vector<std::shared_ptr<rule_state>> live_states() {
     std::lock_guard lock(mutex_);
     std::vector<std::shared_ptr<rule_state>> out;
-    for (const auto& [name, st] : rules_) out.push_back(st);
     for (const auto& w : prepared_) {
       if (auto st = w.lock()) out.push_back(std::move(st));
     }
     return out;
   }
 
-  result<decision> decide(rule_state& s, const check_request& req, const keyed_limiter::key_limits* limits = nullptr,
-                          const keyed_limiter::key_limits* tenant_limits = nullptr) {
-    const time_point now = options_.clock->now();
-    if (s.tenants) {
-      return keyed_limiter::try_acquire_dual(*s.tenants, req.tenant, *s.limiter, req.user, now, req.cost, tenant_limits,
-                                             limits);
-    }
-    return s.limiter->try_acquire(req.key, now, req.cost, limits);
+  // Precondition (validate): made by this backend.
+  static const memory_prepared_rule& prepared_of(const check_request& req) noexcept {
+    return static_cast<const memory_prepared_rule&>(*req.rule);
   }
 
   // Only limits differ: the same algorithm, window, layers and key-cap behaviour, so the keys'
@@ -259,46 +216,10 @@ class memory_backend_impl final : public memory_backend {
     return s;
   }
 
-  rule_state* cached_state_for(const rule& r) const noexcept {
-    const std::uint64_t generation = generation_.load(std::memory_order_acquire);
-    for (const cached_rule_state& e : rule_cache) {
-      if (e.backend_id == id_ && e.generation == generation && e.state->definition == r) return e.state.get();
-    }
-    return nullptr;
-  }
-
-  // Remembers `s` in this thread's cache, dropping this backend's stale entries.
-  void remember(const std::shared_ptr<rule_state>& s, std::uint64_t generation) const {
-    for (cached_rule_state& e : rule_cache) {
-      if (e.backend_id == id_ && e.generation != generation) e = {};
-    }
-    rule_cache[rule_cache_next++ % rule_cache.size()] = {id_, generation, s};
-  }
-
-  // The rule's state, created on first use; a rule whose definition changed starts afresh.
-  result<std::shared_ptr<rule_state>> state_for(const rule& r) {
-    std::lock_guard lock(mutex_);
-    auto it = rules_.find(r.name);
-    if (it != rules_.end() && it->second->definition == r) {
-      remember(it->second, generation_.load(std::memory_order_relaxed));
-      return it->second;
-    }
-    auto made = make_state(r);
-    if (!made) return made.error();
-    std::shared_ptr<rule_state> s = std::move(*made);
-    rules_.insert_or_assign(r.name, s);
-    const std::uint64_t generation = generation_.fetch_add(1, std::memory_order_release) + 1;
-    remember(s, generation);
-    return s;
-  }
-
   const memory_backend_options options_;
-  const std::uint64_t id_ = next_backend_id.fetch_add(1);
-  std::atomic<std::uint64_t> generation_{1};  // bumped under mutex_ by every change to rules_
   std::mutex mutex_;
-  std::map<std::string, std::shared_ptr<rule_state>, std::less<>> rules_;  // guarded by mutex_
-  std::vector<std::weak_ptr<rule_state>> prepared_;                        // guarded by mutex_
-  std::size_t prepared_sweep_at_ = 16;                                     // guarded by mutex_
+  std::vector<std::weak_ptr<rule_state>> prepared_;  // guarded by mutex_
+  std::size_t prepared_sweep_at_ = 16;               // guarded by mutex_
 };
 
 }  // namespace

@@ -120,30 +120,19 @@ result<std::shared_ptr<redis_prepared_rule>> redis_core::prepare_script(const ru
   return p;
 }
 
-void redis_core::async_check(const check_request& req, const backend* owner, check_handler handler) {
-  if (!handler) handler = [](result<decision>) {};
-  if (auto v = validate(req); !v) {
-    handler(v.error());
-    return;
-  }
-  std::shared_ptr<const redis_prepared_rule> made;
-  auto found = prepared_for(req, owner, made);
-  if (!found) {
-    handler(found.error());
-    return;
-  }
-  const redis_prepared_rule* prepared = *found;
+// The request is valid (backend::async_check) and its rule prepared here.
+void redis_core::async_check(const check_request& req, check_handler handler) {
+  const redis_prepared_rule& prepared = prepared_of(req);
   checks_.fetch_add(1, std::memory_order_relaxed);
-  if (prepared->leases && !made) {
-    prepared->leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
-    return check_leased(req, *prepared, std::move(handler));
+  if (prepared.leases) {
+    prepared.leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
+    return check_leased(req, prepared, std::move(handler));
   }
-  send_check(req, prepared, std::move(made), std::move(handler));
+  send_check(req, &prepared, std::move(handler));
 }
 
 // A check sent to Redis alone (or in a batch): its op made and posted to the strand.
-void redis_core::send_check(const check_request& req, const redis_prepared_rule* prepared,
-                            std::shared_ptr<const redis_prepared_rule> made, check_handler handler) {
+void redis_core::send_check(const check_request& req, const redis_prepared_rule* prepared, check_handler handler) {
   if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
     pending_.fetch_sub(1, std::memory_order_relaxed);
     overloaded_.fetch_add(1, std::memory_order_relaxed);
@@ -158,7 +147,6 @@ void redis_core::send_check(const check_request& req, const redis_prepared_rule*
   auto o = std::make_shared<op>();
   o->req = req;
   o->rule = prepared;
-  o->made = std::move(made);
   o->handler = std::move(handler);
   // The deadline is set when it is sent.
   o->call = evalsha_command(prepared->call, prepared->definition(), o->req, options_.key_prefix, now_us(), -1);
@@ -170,39 +158,19 @@ std::size_t op::script() const {
   return all ? all_script : rule->call.script;
 }
 
-// A rule not prepared here is prepared now, for this check, into `made` (its local fallback finds
-// the rule by name): its parameters go into the script, so a bad one is the caller's error, not
-// Redis's.
-result<const redis_prepared_rule*> redis_core::prepared_for(const check_request& req, const backend* owner,
-                                                            std::shared_ptr<const redis_prepared_rule>& made) {
-  if (req.prepared != nullptr && req.prepared->owner() == owner) {
-    return static_cast<const redis_prepared_rule*>(req.prepared);
-  }
-  auto p = prepare_script(*req.rule, owner);
-  if (!p) return p.error();
-  made = std::move(*p);
-  return made.get();
-}
-
 // A call's `now`: a test clock's goes in the call; otherwise -1, and the script reads TIME.
 std::int64_t redis_core::now_us() const {
   return options_.clock_for_test ? to_ns(options_.clock_for_test->now()) / 1000 : -1;
 }
 
-// Each check prepared (as async_check does), its command built; then one op per slot (one on a
-// single Redis), each deciding its checks as one.
-void redis_core::async_check_all(std::span<const check_request> checks, const backend* owner,
-                                 check_all_handler handler) {
-  if (!handler) handler = [](result<std::vector<decision>>) {};
-  if (auto v = validate_all(checks); !v) return handler(v.error());
+// Each check's command built; then one op per slot (one on a single Redis), each deciding its checks
+// as one. The checks are valid (backend::async_check_all) and their rules prepared here.
+void redis_core::async_check_all(std::span<const check_request> checks, check_all_handler handler) {
   if (checks.size() == 1 && !exceeds_capacity(checks[0])) {
     // All or nothing over one check is that check: sent as one (never leased, as check_all is
     // not), it goes in a batch as any other check, its rule's parameters shared.
-    std::shared_ptr<const redis_prepared_rule> made;
-    auto found = prepared_for(checks[0], owner, made);
-    if (!found) return handler(found.error());
     checks_.fetch_add(1, std::memory_order_relaxed);
-    return send_check(checks[0], *found, std::move(made), [h = std::move(handler)](result<decision> r) {
+    return send_check(checks[0], &prepared_of(checks[0]), [h = std::move(handler)](result<decision> r) {
       if (!r) return h(r.error());
       h(std::vector<decision>{*r});
     });
@@ -213,11 +181,7 @@ void redis_core::async_check_all(std::span<const check_request> checks, const ba
   call->out.resize(checks.size());
   bool record = true;
   for (const check_request& req : checks) {
-    std::shared_ptr<const redis_prepared_rule> made;
-    auto found = prepared_for(req, owner, made);
-    if (!found) return call->handler(found.error());
-    call->rules.push_back(*found);
-    if (made) call->made.push_back(std::move(made));
+    call->rules.push_back(&prepared_of(req));
     call->never.push_back(exceeds_capacity(req));
     record = record && !call->never.back();
   }
@@ -302,10 +266,6 @@ redis_backend_stats redis_core::stats() const {
   s.circuit_open = open_circuits_.load(std::memory_order_relaxed) > 0;
   s.out_of_memory = out_of_memory_.load(std::memory_order_relaxed);
   return s;
-}
-
-void redis_core::forget_rule(std::string_view name) {
-  if (local_) local_->forget_rule(name);
 }
 
 // --- on the strand --------------------------------------------------------------------------------
@@ -735,7 +695,7 @@ result<std::vector<decision>> redis_core::part_failure(const op& o) {
     std::vector<check_request> local;
     for (std::size_t i : o.part) {
       check_request r = call.reqs[i];
-      r.prepared = call.rules[i]->local.get();
+      r.rule = call.rules[i]->local.get();
       local.push_back(r);
     }
     local_fallback_.fetch_add(o.part.size(), std::memory_order_relaxed);
@@ -756,7 +716,7 @@ result<std::vector<decision>> redis_core::part_failure(const op& o) {
 
 // What on_error decides for a check Redis could not answer. Thread-safe.
 result<decision> redis_core::failure_decision(const check_request& req, const redis_prepared_rule& prepared) {
-  const rule& r = *req.rule;
+  const rule& r = req.definition();
   switch (options_.on_error) {
     case failure_policy::allow:
       fail_open_.fetch_add(1, std::memory_order_relaxed);
@@ -777,7 +737,7 @@ result<decision> redis_core::failure_decision(const check_request& req, const re
     case failure_policy::local: {
       local_fallback_.fetch_add(1, std::memory_order_relaxed);
       check_request local_req = req;
-      local_req.prepared = prepared.local.get();
+      local_req.rule = prepared.local.get();
       auto l = local_->check(local_req);
       if (l) l->source = decision_source::local_fallback;
       return l;

@@ -96,7 +96,6 @@ struct node;
 struct all_call {
   std::vector<check_request> reqs;  // the caller's: views valid until the handler runs
   std::vector<const redis_prepared_rule*> rules;
-  std::vector<std::shared_ptr<const redis_prepared_rule>> made;  // prepared for this call alone
   std::vector<bool> never;  // a cost its rule never admits: looked at with cost 1, and refused
   check_all_handler handler;
   std::mutex mutex;
@@ -112,9 +111,8 @@ struct all_call {
 
 /// One check (or one part of a check_all) on its way through the backend.
 struct op {
-  check_request req;                                // views valid until the handler runs
-  const redis_prepared_rule* rule = nullptr;        // the caller's (valid as the views), or `made`
-  std::shared_ptr<const redis_prepared_rule> made;  // prepared for this check alone
+  check_request req;                          // views valid until the handler runs
+  const redis_prepared_rule* rule = nullptr;  // req.rule's, held by the caller as the views
   check_handler handler;
   command call;  // EVALSHA, formatted once; its deadline set at each send
   steady::time_point deadline;
@@ -180,12 +178,12 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   /// Thread-safe.
   bool on_io_thread() const { return io_.get_executor().running_in_this_thread(); }
   result<std::shared_ptr<redis_prepared_rule>> prepare(const rule& r, const backend* owner);
-  void async_check(const check_request& req, const backend* owner, check_handler handler);
-  void async_check_all(std::span<const check_request> checks, const backend* owner, check_all_handler handler);
+  /// A check (a check_all) that backend::async_check (async_check_all) validated.
+  void async_check(const check_request& req, check_handler handler);
+  void async_check_all(std::span<const check_request> checks, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return cluster_; }
   redis_backend_stats stats() const;
-  void forget_rule(std::string_view name);
   /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
   /// lease call is in flight. Not on the io threads (there it only starts it).
   void give_back_leases();
@@ -200,11 +198,12 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
 
   // --- the check's path (core.cpp) ---------------------------------------------------------------
   static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
-  static result<const redis_prepared_rule*> prepared_for(const check_request& req, const backend* owner,
-                                                         std::shared_ptr<const redis_prepared_rule>& made);
+  // Precondition (validate): req.rule was prepared by this engine's backend.
+  static const redis_prepared_rule& prepared_of(const check_request& req) noexcept {
+    return static_cast<const redis_prepared_rule&>(*req.rule);
+  }
   std::int64_t now_us() const;
-  void send_check(const check_request& req, const redis_prepared_rule* prepared,
-                  std::shared_ptr<const redis_prepared_rule> made, check_handler handler);
+  void send_check(const check_request& req, const redis_prepared_rule* prepared, check_handler handler);
   void submit(op_ptr o);
   void dispatch(const op_ptr& o);
   void send_to(node& n, const op_ptr& o, bool asking);

@@ -18,7 +18,7 @@ void ignore(result<decision>) {}
 
 // The request naming only the leased layer's key (a refill's, a give-back's).
 check_request leased_key_request(const lease_table& t, const std::string& key) {
-  check_request req{.rule = &t.definition()};
+  check_request req;  // the commands take the rule from the table
   (t.script().dual ? req.tenant : req.key) = key;
   return req;
 }
@@ -67,7 +67,7 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
     case lease_plan::step::wait: return;
     case lease_plan::step::exact:
       table.counters().redis_calls.fetch_add(1, std::memory_order_relaxed);
-      return send_check(req, &p, nullptr, std::move(handler));
+      return send_check(req, &p, std::move(handler));
     case lease_plan::step::refuse: {
       decision d = plan.leased;
       if (dual) {

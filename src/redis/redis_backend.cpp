@@ -40,34 +40,34 @@ class redis_backend_impl final : public redis_backend {
     }
   }
 
-  result<decision> check(const check_request& req) override {
+  result<decision> decide(const check_request& req) override {
     if (core_->on_io_thread()) {
       return {errc::invalid_argument,
               "check() blocks and was called on the Redis backend's io thread; use async_check"};
     }
     auto p = std::make_shared<std::promise<result<decision>>>();
     auto f = p->get_future();
-    core_->async_check(req, this, [p](result<decision> d) { p->set_value(std::move(d)); });
+    core_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
-  void async_check(const check_request& req, check_handler handler) override {
-    core_->async_check(req, this, std::move(handler));
+  void async_decide(const check_request& req, check_handler handler) override {
+    core_->async_check(req, std::move(handler));
   }
 
-  result<std::vector<decision>> check_all(std::span<const check_request> checks) override {
+  result<std::vector<decision>> decide_all(std::span<const check_request> checks) override {
     if (core_->on_io_thread()) {
       return {errc::invalid_argument,
               "check_all() blocks and was called on the Redis backend's io thread; use async_check_all"};
     }
     auto p = std::make_shared<std::promise<result<std::vector<decision>>>>();
     auto f = p->get_future();
-    core_->async_check_all(checks, this, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
+    core_->async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
-  void async_check_all(std::span<const check_request> checks, check_all_handler handler) override {
-    core_->async_check_all(checks, this, std::move(handler));
+  void async_decide_all(std::span<const check_request> checks, check_all_handler handler) override {
+    core_->async_check_all(checks, std::move(handler));
   }
 
   result<prepared_rule_ptr> prepare(const rule& r) override {
@@ -78,7 +78,6 @@ class redis_backend_impl final : public redis_backend {
 
   bool ready() override { return core_->ready(); }
   void give_back_leases() override { core_->give_back_leases(); }
-  void forget_rule(std::string_view rule_name) override { core_->forget_rule(rule_name); }
   redis_backend_stats stats() const override { return core_->stats(); }
 
   void append_metrics(std::string& out) override {

@@ -24,8 +24,8 @@ std::optional<api_error> read_string(const json& obj, const char* field, std::st
   return std::nullopt;
 }
 
-// Parses and validates one check object. Never touches a backend.
-check_item parse_item(const json& j, const config& cfg, const rule_resolver& resolve) {
+// Parses one check object: its shape, the rule named and the keys it takes. Never touches a backend.
+check_item parse_item(const json& j, const rule_set& rules, const rule_resolver& resolve) {
   check_item item;
   auto fail = [&](api_error e) {
     item.error = std::move(e);
@@ -56,13 +56,14 @@ check_item parse_item(const json& j, const config& cfg, const rule_resolver& res
     } else {
       return fail(invalid("cost must be an integer"));
     }
-    if (item.cost <= 0) return fail(invalid("cost must be > 0, got " + std::to_string(item.cost)));
   }
-  item.rule = cfg.find_rule(rule_name);
-  if (item.rule == nullptr) {
+  item.rule_index = rules.position(rule_name);
+  if (item.rule_index == rule_set::npos) {
     std::string shown = rule_name.size() > 64 ? rule_name.substr(0, 64) + "..." : rule_name;
     return fail({404, "unknown_rule", "no rule named \"" + shown + "\""});
   }
+  item.prepared = rules.rules()[item.rule_index].get();
+  item.rule = &item.prepared->definition();
   if (item.rule->is_dual_layer()) {
     if (has_key) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: send tenant and user, not key"));
     if (!has_tenant) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: tenant is missing"));
@@ -74,10 +75,9 @@ check_item parse_item(const json& j, const config& cfg, const rule_resolver& res
     if (!has_key) return fail(invalid("key is missing"));
   }
   if (resolve) {
-    item.prepared = &resolve(item);
+    item.prepared = &resolve(item);  // an override's, or the same
     item.rule = &item.prepared->definition();
   }
-  if (auto v = validate(item.request()); !v) return fail(invalid(v.error().message));
   return item;
 }
 
@@ -158,7 +158,7 @@ std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
   return d.count() / ns_per_ms + (d.count() % ns_per_ms != 0 ? 1 : 0);
 }
 
-std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg,
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const rule_set& rules,
                                                       const rule_resolver& resolve) {
   if (body.size() > max_body_bytes) {
     return api_error{413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
@@ -176,10 +176,10 @@ std::variant<check_batch, api_error> parse_check_body(std::string_view body, con
     }
     out.batch = true;
     out.items.reserve(it->size());
-    for (const json& e : *it) out.items.push_back(parse_item(e, cfg, resolve));
+    for (const json& e : *it) out.items.push_back(parse_item(e, rules, resolve));
     return out;
   }
-  check_item item = parse_item(j, cfg, resolve);
+  check_item item = parse_item(j, rules, resolve);
   if (item.error) return std::move(*item.error);
   out.items.push_back(std::move(item));
   return out;
@@ -228,16 +228,13 @@ std::string render_error(const api_error& e) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-api_error backend_error(const error& e) {
+api_error api_error_of(const error& e) {
+  if (e.code == condition::invalid_request) return {400, "invalid_request", e.message};
+  // A rule with when_full = "refuse" at its key cap: this caller is refused, as by a limit.
+  if (e == errc::capacity_exhausted) return {429, "capacity_exhausted", e.message};
   std::string code = "backend_unavailable";
   if (e == errc::backend_timeout) code = "backend_timeout";
   if (e == errc::backend_overloaded) code = "backend_overloaded";
-  if (e == errc::capacity_exhausted) code = "capacity_exhausted";
-  if (e == errc::invalid_argument || e == errc::key_too_long || e == errc::cost_exceeds_burst) {
-    return {400, "invalid_request", e.message};
-  }
-  // A rule with when_full = "refuse" at its key cap: this caller is refused, as by a limit.
-  if (e == errc::capacity_exhausted) return {429, code, e.message};
   return {503, code, e.message};
 }
 

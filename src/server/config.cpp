@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <tuple>
+#include <unordered_map>
 
 // toml++ 3.3 (Debian's) has two defects that hostile input reaches; both are fixed upstream.
 //
@@ -776,14 +777,16 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
       return rep.at(n->source(), "more than " + std::to_string(max_overrides) + " overrides");
     }
     std::set<std::string> targets;
+    std::unordered_map<std::string_view, const rule*> rules_by_name;
+    for (const rule& r : out.rules) rules_by_name.emplace(r.name, &r);
     for (const toml::node& e : *arr) {
       if (!e.is_table()) return rep.at(e.source(), "each entry of overrides must be a table, got " + type_name(e));
       const section s(*e.as_table(), "[[overrides]]", rep);
       auto o = read_override(s, std::string(source_name) + ":" + std::to_string(e.source().begin.line));
       if (!o) return o.error();
-      const rule* base = out.find_rule(o->rule);
-      if (base == nullptr) return s.bad("rule", "names no rule: \"" + o->rule + "\"");
-      if (auto r = apply_override(*base, *o); !r) return rep.at(e.source(), r.error().message);
+      auto base = rules_by_name.find(o->rule);
+      if (base == rules_by_name.end()) return s.bad("rule", "names no rule: \"" + o->rule + "\"");
+      if (auto r = apply_override(*base->second, *o); !r) return rep.at(e.source(), r.error().message);
       if (!targets.insert(o->target()).second) return rep.at(e.source(), "a second override of the same key");
       out.overrides.push_back(std::move(*o));
     }
@@ -803,13 +806,6 @@ std::string_view to_string(backend_type t) noexcept {
     case backend_type::redis_cluster: return "redis_cluster";
   }
   return "unknown";
-}
-
-const rule* config::find_rule(std::string_view name) const noexcept {
-  for (const rule& r : rules) {
-    if (r.name == name) return &r;
-  }
-  return nullptr;
 }
 
 result<config> parse_config(std::string_view toml_text, std::string_view source_name) {

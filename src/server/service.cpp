@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <thread>
+#include <unordered_set>
 #include <utility>
 
 #include <spdlog/spdlog.h>
@@ -232,10 +233,12 @@ namespace {
 
 // The names of `before`'s rules that `after` does not have, for a log field: at most 10 of them.
 std::string removed_rules(const std::vector<rule>& before, const config& after) {
+  std::unordered_set<std::string_view> kept;
+  for (const rule& r : after.rules) kept.insert(r.name);
   std::string names;
   std::size_t count = 0;
   for (const rule& r : before) {
-    if (after.find_rule(r.name) != nullptr) continue;
+    if (kept.contains(r.name)) continue;
     if (++count <= 10) names += (names.empty() ? "" : ",") + r.name;
   }
   if (count > 10) names += ",+" + std::to_string(count - 10) + " more";

@@ -171,7 +171,7 @@ void session::handle_check() {
   }
   snap_ = svc_.current_for(worker_);
   auto parsed = parse_check_body(
-      req_.body(), snap_->cfg,
+      req_.body(), *snap_->rules,
       [snap = snap_.get()](const check_item& item) -> const prepared_rule& { return snap->prepared_for(item); });
   if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
   batch_ = std::move(std::get<check_batch>(parsed));
@@ -182,8 +182,9 @@ void session::handle_check() {
   for (std::size_t i = 0; i < batch_.items.size(); ++i) {
     const check_item& item = batch_.items[i];  // its rule and prepared rule: an override's, if any
     if (item.error) continue;
-    if (!snap_->cfg.enabled) {
-      results_[i] = disabled_decision(*item.rule);
+    if (!snap_->cfg.enabled) {  // not checked, but a bad request is still the caller's error
+      auto valid = validate(item.request(), svc_.backend());
+      results_[i] = valid ? result<decision>(disabled_decision(*item.rule)) : result<decision>(valid.error());
       continue;
     }
     ++outstanding_;
@@ -210,6 +211,7 @@ void session::finish_check() {
     const check_item& item = batch_.items[i];
     if (item.error || !results_[i]) continue;
     const result<decision>& r = *results_[i];
+    if (!r && r.error().code == condition::invalid_request) continue;  // the caller's, not the backend's
     if (!r) {
       svc_.stats().record_backend_error(item.rule->name, r.error(), latency);
       spdlog::warn("event=check_failed rule={} error={}", item.rule->name, log_value(r.error().message));
@@ -229,7 +231,7 @@ void session::finish_check() {
   if (!batch_.batch) {
     const check_item& item = batch_.items[0];
     const result<decision>& r = *results_[0];
-    if (!r) return reply_error(backend_error(r.error()));
+    if (!r) return reply_error(api_error_of(r.error()));
     for (const auto& f :
          sluice::http::rate_limit_headers(*r, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
       extra_headers_ += f.name;
@@ -247,7 +249,7 @@ void session::finish_check() {
     if (item.error) {
       body += render_error(*item.error);
     } else if (!*results_[i]) {
-      body += render_error(backend_error(results_[i]->error()));
+      body += render_error(api_error_of(results_[i]->error()));
     } else {
       body += render_decision(*item.rule, results_[i]->value());
     }

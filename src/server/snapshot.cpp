@@ -14,7 +14,7 @@ std::string tenant_user_key(std::string_view tenant, std::string_view user) {
 }
 
 const prepared_rule& snapshot::prepared_for(const check_item& item) const {
-  const std::size_t i = index_of(*item.rule);
+  const std::size_t i = item.rule_index;
   const override_map& own = overrides[i];
   if (!own.empty()) {
     if (!item.rule->is_dual_layer()) {
@@ -46,12 +46,12 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
                                        " overrides in force (file and etcd together)");
       continue;
     }
-    const rule* base = cfg.find_rule(o.rule);
-    if (base == nullptr) {
+    const std::size_t i = (*rules)->position(o.rule);
+    if (i == rule_set::npos) {
       out.rejected_overrides.push_back(o.source + ": names no rule in force: \"" + o.rule + "\"");
       continue;
     }
-    const std::size_t i = static_cast<std::size_t>(base - cfg.rules.data());
+    const rule* base = &cfg.rules[i];
     if (!o.user.empty()) {
       if (auto it = tenant_rules.find({i, o.tenant}); it != tenant_rules.end()) base = &it->second;
     }

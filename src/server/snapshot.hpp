@@ -37,7 +37,6 @@ struct snapshot {
   std::size_t override_count = 0;
   sluice::http::header_options headers;
 
-  std::size_t index_of(const rule& r) const { return static_cast<std::size_t>(&r - cfg.rules.data()); }
   // The prepared rule a check of `item` uses: its override's, or its rule's. One hash lookup when
   // the rule has overrides (two for a dual-layer rule), none otherwise.
   const prepared_rule& prepared_for(const check_item& item) const;

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <thread>
@@ -38,7 +39,9 @@ result<policy> rule_from_file(const std::string& spec) {
   if (colon == std::string::npos) return error(errc::invalid_argument, "--rule takes FILE:NAME, got \"" + spec + "\"");
   auto cfg = load_config(spec.substr(0, colon));
   if (!cfg) return cfg.error();
-  const rule* r = cfg->find_rule(spec.substr(colon + 1));
+  const std::string name = spec.substr(colon + 1);
+  auto it = std::find_if(cfg->rules.begin(), cfg->rules.end(), [&](const rule& x) { return x.name == name; });
+  const rule* r = it == cfg->rules.end() ? nullptr : &*it;
   if (r == nullptr)
     return error(errc::invalid_argument, "no rule \"" + spec.substr(colon + 1) + "\" in " + spec.substr(0, colon));
   if (r->is_dual_layer())

@@ -205,12 +205,7 @@ class pending_check {
  public:
   /// The backend request; its views point into this object.
   check_request request() const noexcept {
-    return {.rule = &prepared_->definition(),
-            .key = key_,
-            .tenant = tenant_,
-            .user = user_,
-            .cost = cost_,
-            .prepared = prepared_};
+    return {.rule = prepared_, .key = key_, .tenant = tenant_, .user = user_, .cost = cost_};
   }
   /// The rule checked.
   const sluice::rule& rule() const noexcept { return prepared_->definition(); }

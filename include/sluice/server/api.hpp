@@ -1,8 +1,9 @@
 // sluice/server/api.hpp — the JSON side of sluiced's POST /v1/check: parsing bodies, rendering replies.
 //
-// Parsing validates everything a check needs (rule known, key present and short enough, cost a
-// positive integer within the rule's capacity) before any backend is asked, so a bad request never
-// changes limiter state. Replies are rendered from a `decision` only.
+// Parsing reads the body's shape (known fields of the right types, a rule that exists, the keys it
+// takes); the values (key lengths, cost within the rule's capacity) are validated by the backend's
+// check, as for every check, and a bad one changes no limiter state. Replies are rendered from a
+// `decision` only.
 //
 //   auto body = sluice::server::parse_check_body(R"({"rule":"api","key":"user:42"})", cfg);
 //   if (auto* e = std::get_if<sluice::server::api_error>(&body)) reply(e->status, render_error(*e));
@@ -22,8 +23,9 @@
 #include <vector>
 
 #include "sluice/backend.hpp"
-#include "sluice/server/config.hpp"
 #include "sluice/decision.hpp"
+#include "sluice/rule_set.hpp"
+#include "sluice/server/config.hpp"
 
 namespace sluice::server {
 
@@ -39,12 +41,16 @@ struct api_error {
   std::string message;
 };
 
-/// One parsed check, or the error that makes it invalid.
+/// One parsed check, or the error that makes it invalid. Parsing reads the body's shape (fields,
+/// types, the rule named and the keys it takes); the backend validates the values (key lengths,
+/// cost), as for every check.
 struct check_item {
-  /// The rule that decides: the config's, or an override's (see rule_resolver).
+  /// The rule that decides: the one named, or an override's (see rule_resolver).
   const sluice::rule* rule = nullptr;
-  /// Its prepared form, when a resolver gave one.
+  /// Its prepared form: what the backend checks.
   const prepared_rule* prepared = nullptr;
+  /// The position of the rule named in the rule set (rule_set::position).
+  std::size_t rule_index = 0;
   std::string key;
   std::string tenant;
   std::string user;
@@ -53,7 +59,7 @@ struct check_item {
 
   /// The backend request; views into this item, which must outlive the check.
   check_request request() const noexcept {
-    return {.rule = rule, .key = key, .tenant = tenant, .user = user, .cost = cost, .prepared = prepared};
+    return {.rule = prepared, .key = key, .tenant = tenant, .user = user, .cost = cost};
   }
 };
 
@@ -63,14 +69,14 @@ struct check_batch {
   std::vector<check_item> items;
 };
 
-/// Given an item whose `rule` is the config's and whose keys are read, the prepared rule that
+/// Given an item whose `prepared` is the rule named and whose keys are read, the prepared rule that
 /// decides it (an override of its key, tenant or user, or the rule's own).
 using rule_resolver = std::function<const prepared_rule&(const check_item&)>;
 
-/// Parses a POST /v1/check body against the rules of `cfg`. A single check with any problem is an
-/// api_error (400 invalid_request, 404 unknown_rule); in a batch each bad item carries its own error.
-/// With `resolve`, each item's rule is the one it returns, and the cost is checked against it.
-std::variant<check_batch, api_error> parse_check_body(std::string_view body, const config& cfg,
+/// Parses a POST /v1/check body against `rules` (one hash lookup per check). A single check with
+/// any problem is an api_error (400 invalid_request, 404 unknown_rule); in a batch each bad item
+/// carries its own error. With `resolve`, each item's rule is the one it returns.
+std::variant<check_batch, api_error> parse_check_body(std::string_view body, const rule_set& rules,
                                                       const rule_resolver& resolve = {});
 
 /// `{"allowed":...,"rule":...,"limit":...,"remaining":...,"retry_after_ms":...,"reset_after_ms":...}`
@@ -80,8 +86,11 @@ std::string render_decision(const sluice::rule& r, const decision& d);
 /// `{"error":{"code":...,"message":...}}`
 std::string render_error(const api_error& e);
 
-/// The api_error for a backend failure (no failure policy could answer): 503 backend_unavailable etc.
-api_error backend_error(const error& e);
+/// The one mapping from a check's error to its HTTP answer: the caller's fault
+/// (condition::invalid_request) 400 invalid_request, a key table full with when_full = "refuse"
+/// 429 capacity_exhausted, a backend failure no failure policy answered 503 backend_unavailable,
+/// backend_timeout or backend_overloaded.
+api_error api_error_of(const error& e);
 
 /// The decision given when limiting is disabled: admitted, full capacity left.
 decision disabled_decision(const sluice::rule& r) noexcept;

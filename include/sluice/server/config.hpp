@@ -178,9 +178,6 @@ struct config {
   std::vector<rule> rules;
   /// [[overrides]], each checked against its rule; targets are unique.
   std::vector<rule_override> overrides;
-
-  /// The rule named `name`, or nullptr.
-  const rule* find_rule(std::string_view name) const noexcept;
 };
 
 /// The longest rule name accepted.

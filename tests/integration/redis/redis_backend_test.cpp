@@ -25,6 +25,7 @@
 #include <tuple>
 
 #include "integration/redis/redis_server.hpp"
+#include "support/prepared.hpp"
 #include "redis/keys.hpp"
 #include "sluice/asio.hpp"
 #include "sluice/memory_backend.hpp"
@@ -33,6 +34,8 @@
 
 namespace sluice {
 namespace {
+
+using sluice::testing::prepared;
 
 namespace asio = boost::asio;
 using namespace std::chrono_literals;
@@ -104,6 +107,15 @@ void expect_same(const decision& redis, const decision& memory, const std::strin
 void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, const rule& r, nanoseconds max_step,
                          std::int64_t prime = 0) {
   auto memory = make_memory_backend({.clock = &clock}).value();
+  auto on_redis = prepared(redis, r);
+  auto on_memory = prepared(*memory, r);
+  // The same request on both backends, each with its own prepared rule.
+  auto both = [&](check_request req) {
+    req.rule = on_redis.get();
+    decision dr = expect_decision(redis.check(req));
+    req.rule = on_memory.get();
+    return std::pair{dr, expect_decision(memory->check(req))};
+  };
   std::mt19937 rng(42);
   std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
   const std::int64_t max_cost =
@@ -114,8 +126,8 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   for (const auto& t : tenants) {
     for (const auto& k : keys) {
       if (prime == 0) break;
-      check_request req{.rule = &r, .key = k, .tenant = t, .user = k, .cost = prime};
-      expect_same(expect_decision(redis.check(req)), expect_decision(memory->check(req)), r.name + " prime");
+      auto [dr, dm] = both({.key = k, .tenant = t, .user = k, .cost = prime});
+      expect_same(dr, dm, r.name + " prime");
     }
   }
   int allowed = 0;
@@ -123,10 +135,8 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   for (int i = 0; i < 300; ++i) {
     // Mostly bursts at one instant, sometimes a pause.
     if (rng() % 3 == 0) clock.advance(std::chrono::microseconds(step(rng)));
-    check_request req{
-        .rule = &r, .key = keys[rng() % 2], .tenant = tenants[rng() % 2], .user = keys[rng() % 2], .cost = cost(rng)};
-    decision dr = expect_decision(redis.check(req));
-    decision dm = expect_decision(memory->check(req));
+    auto [dr, dm] =
+        both({.key = keys[rng() % 2], .tenant = tenants[rng() % 2], .user = keys[rng() % 2], .cost = cost(rng)});
     expect_same(dr, dm, r.name + " step " + std::to_string(i));
     (dr.allowed ? allowed : refused)++;
     if (::testing::Test::HasFailure()) return;
@@ -183,7 +193,7 @@ TEST_F(RedisBackendTest, TokenBucketScriptMatchesTheAlgorithmAcrossRatesBurstsAn
     int allowed = 0;
     for (const std::string key : {"alice", "bob"}) {
       if (c.prime == 0) break;
-      expect_same(expect_decision(b->check({.rule = &r, .key = key, .cost = c.prime})),
+      expect_same(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = key, .cost = c.prime})),
                   check_and_commit(states[key], p, to_ns(clock_.now()), c.prime), r.name + " prime");
     }
     for (int i = 0; i < 300; ++i) {
@@ -195,7 +205,7 @@ TEST_F(RedisBackendTest, TokenBucketScriptMatchesTheAlgorithmAcrossRatesBurstsAn
       }  // else: time standing still
       const std::string key = rng() % 2 ? "alice" : "bob";
       const std::int64_t c_cost = cost(rng);
-      const decision dr = expect_decision(b->check({.rule = &r, .key = key, .cost = c_cost}));
+      const decision dr = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = key, .cost = c_cost}));
       const decision dm = check_and_commit(states[key], p, to_ns(clock_.now()), c_cost);
       expect_same(dr, dm, r.name + " step " + std::to_string(i));
       allowed += dr.allowed;
@@ -240,18 +250,18 @@ TEST_F(RedisBackendTest, TokenBucketFigures) {
   auto b = make();
   rule r{.name = "api", .limit = token_bucket_policy(per_second(10), 5)};
   for (int i = 4; i >= 0; --i) {
-    decision d = expect_decision(b->check({.rule = &r, .key = "u"}));
+    decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "u"}));
     EXPECT_TRUE(d.allowed);
     EXPECT_EQ(d.remaining, i);
     EXPECT_EQ(d.reset_after, (5 - i) * 100ms);
   }
-  decision refused = expect_decision(b->check({.rule = &r, .key = "u"}));
+  decision refused = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "u"}));
   EXPECT_FALSE(refused.allowed);
   EXPECT_EQ(refused.remaining, 0);
   EXPECT_EQ(refused.retry_after, 100ms);
   EXPECT_EQ(refused.reset_after, 500ms);
   clock_.advance(100ms);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "u"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "u"})).allowed);
   // A refusal takes nothing; one key is one string.
   EXPECT_EQ(redis_->string({"TYPE", detail::single_key("sluice:", "api", "u", "tb2")}), "string");
 }
@@ -261,28 +271,29 @@ TEST_F(RedisBackendTest, SlidingWindowLogResetAtIsOldestPlusWindow) {
   rule r{.name = "ai", .limit = sliding_window_policy(3, 10s)};
   const auto start = clock_.now();
   for (int i = 0; i < 3; ++i) {
-    decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+    decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
     EXPECT_TRUE(d.allowed);
     EXPECT_EQ(d.remaining, 2 - i);
     clock_.advance(1s);
   }
-  decision refused = expect_decision(b->check({.rule = &r, .key = "k"}));  // at start + 3 s
+  decision refused = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));  // at start + 3 s
   EXPECT_FALSE(refused.allowed);
   EXPECT_EQ(refused.retry_after, 7s);  // oldest (start) + 10 s − now
   EXPECT_EQ(refused.reset_after, 9s);  // newest (start + 2 s) + 10 s − now
   clock_.set(start + 10s);             // the oldest leaves (now − W, now]
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
-  EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
 }
 
 TEST_F(RedisBackendTest, SlidingWindowLogKeepsAdmissionsOfTheSameMicrosecond) {
   auto b = make();
   rule r{.name = "burst", .limit = sliding_window_policy(10, 1min)};
-  for (int i = 0; i < 4; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 2})).allowed);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 2})).allowed);
   const std::string key = detail::single_key("sluice:", "burst", "k", detail::state_tag(r.limit));
   EXPECT_EQ(redis_->log_units(key), 8);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);  // one instant: one entry
-  decision d = expect_decision(b->check({.rule = &r, .key = "k", .cost = 3}));
+  decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 3}));
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.remaining, 2);
   EXPECT_EQ(redis_->log_units(key), 8);  // refused: not recorded
@@ -295,11 +306,11 @@ TEST_F(RedisBackendTest, SlidingWindowLogWorkAndMemoryAreIndependentOfCost) {
   rule r{.name = "huge", .limit = sliding_window_policy(1'000'000, 1h)};
   const std::string key = detail::single_key("sluice:", "huge", "k", detail::state_tag(r.limit));
   redis_->command({"CONFIG", "RESETSTAT"});
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 1'000'000})).allowed);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
   for (int i = 0; i < 20; ++i) {
     clock_.advance(1ms);
-    decision refused = expect_decision(b->check({.rule = &r, .key = "k", .cost = 999'999}));
+    decision refused = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 999'999}));
     ASSERT_FALSE(refused.allowed);
     EXPECT_EQ(refused.retry_after, 1h - (i + 1) * 1ms);
   }
@@ -311,7 +322,7 @@ TEST_F(RedisBackendTest, SlidingWindowLogWorkAndMemoryAreIndependentOfCost) {
   ASSERT_NE(at, std::string::npos) << text;
   EXPECT_EQ(std::stoll(text.substr(at + 19)), 1);
   clock_.advance(1h);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k", .cost = 1'000'000})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 1'000'000})).allowed);
   EXPECT_EQ(redis_->integer({"ZCARD", key}), 1);
 }
 
@@ -321,13 +332,13 @@ TEST_F(RedisBackendTest, FixedWindowCountsPerAlignedWindow) {
   // Move to the start of an aligned minute.
   const auto minute = std::chrono::duration_cast<std::chrono::minutes>(clock_.now().time_since_epoch()) + 1min;
   clock_.set(time_point(minute) + 10s);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
-  decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
+  decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.retry_after, 50s);
   clock_.advance(50s);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
 }
 
 TEST_F(RedisBackendTest, EveryKeyHasATimeToLive) {
@@ -339,7 +350,9 @@ TEST_F(RedisBackendTest, EveryKeyHasATimeToLive) {
   rule dual{.name = "dual", .limit = sliding_window_policy(5, 30s), .tenant = token_bucket_policy(per_second(1), 20)};
   for (const rule* r : {&tb, &swl, &swc, &fw, &dual}) {
     for (int i = 0; i < 3; ++i) {
-      EXPECT_TRUE(expect_decision(b->check({.rule = r, .key = "k", .tenant = "t", .user = "u"})).allowed) << r->name;
+      EXPECT_TRUE(
+          expect_decision(b->check({.rule = prepared(*b, *r).get(), .key = "k", .tenant = "t", .user = "u"})).allowed)
+          << r->name;
     }
   }
   auto keys = redis_->keys();
@@ -378,7 +391,7 @@ TEST_F(RedisBackendTest, UnreadableStateCountsAsEmpty) {
     for (const std::string& v : values) {
       const std::string key = detail::single_key("sluice:", r.name, "k", detail::state_tag(r.limit));
       redis_->command({"SET", key, v});
-      decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+      decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
       EXPECT_TRUE(d.allowed) << r.name;
       EXPECT_EQ(d.remaining, 9) << r.name << " after a value of " << v.size() << " bytes";
       redis_->command({"DEL", key});
@@ -393,7 +406,7 @@ TEST_F(RedisBackendTest, DualLayerRefusalConsumesNothingOfTheOtherLayer) {
   const std::string alice_key = detail::user_key("sluice:", "api", "acme", "alice", detail::state_tag(r.limit));
   const std::string bob_key = detail::user_key("sluice:", "api", "acme", "bob", detail::state_tag(r.limit));
   auto check = [&](std::string_view user) {
-    return expect_decision(b->check({.rule = &r, .tenant = "acme", .user = user}));
+    return expect_decision(b->check({.rule = prepared(*b, r).get(), .tenant = "acme", .user = user}));
   };
   EXPECT_TRUE(check("alice").allowed);
   EXPECT_TRUE(check("alice").allowed);
@@ -446,11 +459,11 @@ TEST_F(RedisBackendTest, HostileIdsNeitherCollideNorBreakTheHashTag) {
                                         "\xe2\x82\xac"};
   // Each distinct id has its own limit of 1: a collision would refuse the second one.
   for (const auto& id : ids) {
-    EXPECT_TRUE(expect_decision(b->check({.rule = &single, .key = id})).allowed) << id;
+    EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, single).get(), .key = id})).allowed) << id;
   }
   for (const auto& tenant : ids) {
     for (const auto& user : {std::string("b"), std::string("user:b"), std::string("}{")}) {
-      decision d = expect_decision(b->check({.rule = &dual, .tenant = tenant, .user = user}));
+      decision d = expect_decision(b->check({.rule = prepared(*b, dual).get(), .tenant = tenant, .user = user}));
       EXPECT_TRUE(d.allowed) << tenant << " / " << user;
     }
   }
@@ -522,30 +535,35 @@ TEST(RedisKeyEncodingTest, DistinctRequestsNeverShareAKey) {
 TEST_F(RedisBackendTest, ChangedLimitsKeepTheKeysState) {
   auto b = make();
   rule bucket{.name = "tb2", .limit = token_bucket_policy(per_second(1), 10)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &bucket, .key = "k", .cost = 6})).allowed);  // 4 left
+  EXPECT_TRUE(
+      expect_decision(b->check({.rule = prepared(*b, bucket).get(), .key = "k", .cost = 6})).allowed);  // 4 left
   rule faster{.name = "tb2", .limit = token_bucket_policy(per_second(2), 10)};
-  decision d = expect_decision(b->check({.rule = &faster, .key = "k", .cost = 4}));
+  decision d = expect_decision(b->check({.rule = prepared(*b, faster).get(), .key = "k", .cost = 4}));
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.remaining, 0);
-  EXPECT_FALSE(expect_decision(b->check({.rule = &faster, .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, faster).get(), .key = "k"})).allowed);
   clock_.advance(500ms);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &faster, .key = "k"})).allowed) << "refilled at the new rate";
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, faster).get(), .key = "k"})).allowed)
+      << "refilled at the new rate";
   rule lower{.name = "tb2", .limit = token_bucket_policy(per_second(0.5), 10)};
   clock_.advance(1s);  // 2 tokens at 2/s; from here 0.5/s
-  EXPECT_EQ(expect_decision(b->check({.rule = &lower, .key = "k", .cost = 2})).remaining, 0);
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, lower).get(), .key = "k", .cost = 2})).remaining, 0);
   clock_.advance(1s);
-  EXPECT_FALSE(expect_decision(b->check({.rule = &lower, .key = "k"})).allowed) << "half a token: nothing forgiven";
+  EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, lower).get(), .key = "k"})).allowed)
+      << "half a token: nothing forgiven";
   clock_.advance(1s);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &lower, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, lower).get(), .key = "k"})).allowed);
 
   rule window{.name = "w", .limit = fixed_window_policy(5, 1h)};
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(expect_decision(b->check({.rule = &window, .key = "k"})).allowed);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, window).get(), .key = "k"})).allowed);
   rule raised{.name = "w", .limit = fixed_window_policy(10, 1h)};
-  EXPECT_EQ(expect_decision(b->check({.rule = &raised, .key = "k"})).remaining, 6);
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, raised).get(), .key = "k"})).remaining, 6);
   rule lowered{.name = "w", .limit = fixed_window_policy(2, 1h)};
-  EXPECT_FALSE(expect_decision(b->check({.rule = &lowered, .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, lowered).get(), .key = "k"})).allowed);
   rule longer{.name = "w", .limit = fixed_window_policy(2, 2h)};
-  EXPECT_EQ(expect_decision(b->check({.rule = &longer, .key = "k"})).remaining, 1) << "a new window starts afresh";
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, longer).get(), .key = "k"})).remaining, 1)
+      << "a new window starts afresh";
 }
 
 // A smaller burst can leave a bucket full: its key goes, and the check that found it so writes a
@@ -553,10 +571,10 @@ TEST_F(RedisBackendTest, ChangedLimitsKeepTheKeysState) {
 TEST_F(RedisBackendTest, ABucketEmptiedByANewBurstStillExpires) {
   auto b = make();
   rule bucket{.name = "shrunk", .limit = token_bucket_policy(per_second(1), 10)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &bucket, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, bucket).get(), .key = "k"})).allowed);
   clock_.advance(500ms);
   rule smaller{.name = "shrunk", .limit = token_bucket_policy(per_second(1), 5)};
-  decision d = expect_decision(b->check({.rule = &smaller, .key = "k"}));
+  decision d = expect_decision(b->check({.rule = prepared(*b, smaller).get(), .key = "k"}));
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.remaining, 4);
   const long long ttl = redis_->integer({"PTTL", detail::single_key("sluice:", "shrunk", "k", "tb2")});
@@ -569,17 +587,17 @@ TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {
   rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
   rule dual{.name = "d", .limit = fixed_window_policy(1, 1min), .tenant = fixed_window_policy(1, 1min)};
   const std::string huge(10 * 1024, 'k');
-  auto too_long = b->check({.rule = &r, .key = huge});
+  auto too_long = b->check({.rule = prepared(*b, r).get(), .key = huge});
   ASSERT_FALSE(too_long.ok());
   EXPECT_EQ(too_long.error(), errc::key_too_long);
-  auto empty = b->check({.rule = &r, .key = ""});
+  auto empty = b->check({.rule = prepared(*b, r).get(), .key = ""});
   ASSERT_FALSE(empty.ok());
   EXPECT_EQ(empty.error(), errc::invalid_argument);
-  EXPECT_FALSE(b->check({.rule = &dual, .tenant = huge, .user = "u"}).ok());
-  EXPECT_FALSE(b->check({.rule = &dual, .tenant = "t", .user = huge}).ok());
-  EXPECT_FALSE(b->check({.rule = &dual, .tenant = "", .user = "u"}).ok());
-  EXPECT_FALSE(b->check({.rule = &r, .key = "k", .cost = 6}).ok());
-  EXPECT_FALSE(b->check({.rule = &r, .key = "k", .cost = 0}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, dual).get(), .tenant = huge, .user = "u"}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, dual).get(), .tenant = "t", .user = huge}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, dual).get(), .tenant = "", .user = "u"}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 6}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 0}).ok());
   EXPECT_FALSE(b->check({.rule = nullptr, .key = "k"}).ok());
   EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
   EXPECT_EQ(b->stats().checks, 0u);
@@ -589,24 +607,25 @@ TEST_F(RedisBackendTest, ScriptsComeBackAfterScriptFlush) {
   auto b = make();
   rule r{.name = "r", .limit = sliding_window_policy(100, 1min)};
   rule dual{.name = "d", .limit = token_bucket_policy(per_second(1), 10), .tenant = fixed_window_policy(100, 1min)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
   redis_->command({"SCRIPT", "FLUSH"});
-  decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+  decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.source, decision_source::limiter);
   EXPECT_EQ(d.remaining, 98);
-  EXPECT_EQ(expect_decision(b->check({.rule = &dual, .tenant = "t", .user = "u"})).source, decision_source::limiter);
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, dual).get(), .tenant = "t", .user = "u"})).source,
+            decision_source::limiter);
   EXPECT_GE(b->stats().script_reloads, 1u);
   // Reloaded once: later checks use EVALSHA again.
   auto reloads = b->stats().script_reloads;
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
   EXPECT_EQ(b->stats().script_reloads, reloads);
 }
 
 TEST_F(RedisBackendTest, SelectsTheConfiguredDatabase) {
   auto b = make({.database = 3});
   rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
-  EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = "k"})).source, decision_source::limiter);
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).source, decision_source::limiter);
   EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
   redis_->command({"SELECT", "3"});
   EXPECT_EQ(redis_->integer({"DBSIZE"}), 1);
@@ -616,9 +635,10 @@ TEST_F(RedisBackendTest, SelectsTheConfiguredDatabase) {
 TEST_F(RedisBackendTest, BlockingCheckOnTheIoThreadIsAnErrorNotADeadlock) {
   auto b = make();
   rule r{.name = "r", .limit = fixed_window_policy(5, 1min)};
+  auto p = prepared(*b, r);
   std::promise<result<decision>> inner;
-  b->async_check({.rule = &r, .key = "k"},
-                 [&](result<decision>) { inner.set_value(b->check({.rule = &r, .key = "k"})); });
+  b->async_check({.rule = p.get(), .key = "k"},
+                 [&](result<decision>) { inner.set_value(b->check({.rule = p.get(), .key = "k"})); });
   auto got = inner.get_future().get();
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.error(), errc::invalid_argument);
@@ -643,8 +663,9 @@ TEST_F(RedisBackendTest, CompletionTokens) {
   auto b = make();
   auto memory = make_memory_backend({.clock = &clock_}).value();
   rule r{.name = "r", .limit = fixed_window_policy(100, 1min)};
-  check_request req{.rule = &r, .key = "k"};
   for (backend* be : {static_cast<backend*>(b.get()), static_cast<backend*>(memory.get())}) {
+    auto p = prepared(*be, r);
+    const check_request req{.rule = p.get(), .key = "k"};
     // use_future
     std::future<result<decision>> f = async_check(*be, req, asio::use_future);
     EXPECT_TRUE(expect_decision(f.get()).allowed);
@@ -678,8 +699,9 @@ TEST_F(RedisBackendTest, AsyncChecksArePipelinedAndAllComplete) {
   std::atomic<int> done{0};
   std::promise<void> all;
   constexpr int n = 2000;
+  auto p = prepared(*b, r);
   for (int i = 0; i < n; ++i) {
-    b->async_check({.rule = &r, .key = "k"}, [&](result<decision> d) {
+    b->async_check({.rule = p.get(), .key = "k"}, [&](result<decision> d) {
       if (d.ok() && d->allowed && d->source == decision_source::limiter) allowed.fetch_add(1);
       if (done.fetch_add(1) + 1 == n) all.set_value();
     });
@@ -730,6 +752,7 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
   std::vector<rule> rules = batch_rules();
   rules.push_back(
       {.name = "dual", .limit = fixed_window_policy(4, 1s), .tenant = token_bucket_policy(per_second(20), 7)});
+  const testing::twin_rules twins(*b.backend, *memory, rules);
   const std::string ids[] = {"a", "b", "c"};
   std::mt19937 rng(5);
   const std::uint64_t calls_before = b->stats().calls;
@@ -738,9 +761,9 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
     clock_.advance(std::chrono::milliseconds(rng() % 150));
     std::vector<check_request> reqs;
     for (int i = 0; i < 24; ++i) {
-      const rule& r = rules[rng() % std::size(rules)];
+      const prepared_rule* r = twins.on_a[rng() % std::size(rules)].get();
       const std::string& id = ids[rng() % 3];
-      reqs.push_back({.rule = &r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = 1 + rng() % 2});
+      reqs.push_back({.rule = r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = 1 + rng() % 2});
     }
     std::vector<std::optional<result<decision>>> answers(reqs.size());
     std::size_t answered = 0;
@@ -752,7 +775,7 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
     }
     b.run_until([&] { return answered == reqs.size(); });
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      expect_same(expect_decision(*answers[i]), expect_decision(memory->check(reqs[i])),
+      expect_same(expect_decision(*answers[i]), expect_decision(memory->check(twins.on_b_of(reqs[i]))),
                   "burst " + std::to_string(burst) + " check " + std::to_string(i));
       ++checks;
     }
@@ -767,6 +790,7 @@ TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
   held_io_backend b(redis_->address(), &clock_);
   auto memory = make_memory_backend({.clock = &clock_}).value();
   const std::vector<rule> rules = batch_rules();
+  const testing::twin_rules twins(*b.backend, *memory, rules);
   const std::string ids[] = {"a", "b", "c"};
   std::mt19937 rng(9);
   const std::uint64_t calls_before = b->stats().calls;
@@ -779,7 +803,8 @@ TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
       const std::size_t n = 1 + rng() % 3;
       const std::size_t first = rng() % std::size(rules);
       for (std::size_t i = 0; i < n; ++i) {
-        g.push_back({.rule = &rules[(first + i) % std::size(rules)], .key = ids[rng() % 3], .cost = 1 + rng() % 3});
+        g.push_back(
+            {.rule = twins.on_a[(first + i) % std::size(rules)].get(), .key = ids[rng() % 3], .cost = 1 + rng() % 3});
       }
     }
     std::vector<std::optional<result<std::vector<decision>>>> answers(groups.size());
@@ -802,7 +827,9 @@ TEST_F(RedisBackendTest, BatchedCheckAllGroupsDecideAsOneByOneInOrder) {
     for (std::size_t i = 0; i < groups.size(); ++i) {
       auto got = *answers[i];
       ASSERT_TRUE(got.ok()) << got.error().message;
-      auto want = memory->check_all(groups[i]).value();
+      std::vector<check_request> on_memory;
+      for (const check_request& c : groups[i]) on_memory.push_back(twins.on_b_of(c));
+      auto want = memory->check_all(on_memory).value();
       for (std::size_t k = 0; k < want.size(); ++k) {
         expect_same((*got)[k], want[k], "burst " + std::to_string(burst) + " call " + std::to_string(i));
       }
@@ -818,9 +845,10 @@ TEST_F(RedisBackendTest, MaxBatchOneSendsEveryCheckAlone) {
   o.max_batch = 1;
   auto b = make(o);
   rule r{.name = "r", .limit = fixed_window_policy(50, 1min)};
+  auto p = prepared(*b, r);
   std::vector<std::promise<result<decision>>> answers(100);
   for (auto& a : answers)
-    b->async_check({.rule = &r, .key = "k"}, [&a](result<decision> d) { a.set_value(std::move(d)); });
+    b->async_check({.rule = p.get(), .key = "k"}, [&a](result<decision> d) { a.set_value(std::move(d)); });
   int allowed = 0;
   for (auto& a : answers) allowed += expect_decision(a.get_future().get()).allowed;
   EXPECT_EQ(allowed, 50);
@@ -839,8 +867,9 @@ TEST_F(RedisBackendTest, RunsOnTheCallersIoContext) {
     auto b =
         make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
-    EXPECT_TRUE(expect_decision((*b)->check({.rule = &r, .key = "k"})).allowed);
-    std::future<result<decision>> f = async_check(**b, {.rule = &r, .key = "k"}, asio::use_future);
+    EXPECT_TRUE(expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"})).allowed);
+    auto p = prepared(**b, r);
+    std::future<result<decision>> f = async_check(**b, {.rule = p.get(), .key = "k"}, asio::use_future);
     EXPECT_EQ(expect_decision(f.get()).remaining, 0);
   }  // destroyed while the io_context runs
   work.reset();
@@ -852,7 +881,7 @@ TEST_F(RedisBackendTest, ResolvesHostNames) {
   ASSERT_TRUE(b.ok());
   rule r{.name = "r", .limit = fixed_window_policy(2, 1min)};
   // Checks issued while the name resolves wait for the connection instead of failing.
-  decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+  decision d = expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"}));
   EXPECT_EQ(d.source, decision_source::limiter);
 }
 
@@ -860,31 +889,32 @@ TEST_F(RedisBackendTest, InvalidRulesAreErrorsAndSendNothing) {
   auto b = make();
   rule zero_window{.name = "z", .limit = {.algorithm = algorithm::fixed_window, .limit = 5}};
   rule nan_rate{.name = "n", .limit = token_bucket_policy(per_second(std::nan("")), 5)};
-  EXPECT_FALSE(b->check({.rule = &zero_window, .key = "k"}).ok());
-  EXPECT_FALSE(b->check({.rule = &nan_rate, .key = "k"}).ok());
+  EXPECT_EQ(b->prepare(zero_window).error(), errc::invalid_argument);
+  EXPECT_EQ(b->prepare(nan_rate).error(), errc::invalid_argument);
   EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
 }
 
 TEST_F(RedisBackendTest, DegenerateBuckets) {
   auto b = make();
   rule empty{.name = "empty", .limit = token_bucket_policy(per_second(10), 0)};
-  decision d = expect_decision(b->check({.rule = &empty, .key = "k"}));
+  decision d = expect_decision(b->check({.rule = prepared(*b, empty).get(), .key = "k"}));
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.retry_after, never);
   rule unlimited{.name = "inf", .limit = token_bucket_policy(rate::infinite(), 3)};
   for (int i = 0; i < 10; ++i)
-    EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k", .cost = 3})).allowed);
+    EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, unlimited).get(), .key = "k", .cost = 3})).allowed);
   rule no_refill{.name = "zero", .limit = token_bucket_policy(per_second(0), 2)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &no_refill, .key = "k"})).allowed);
-  decision spent = expect_decision(b->check({.rule = &no_refill, .key = "k"}));
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, no_refill).get(), .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, no_refill).get(), .key = "k"})).allowed);
+  decision spent = expect_decision(b->check({.rule = prepared(*b, no_refill).get(), .key = "k"}));
   EXPECT_FALSE(spent.allowed);
   EXPECT_GT(spent.retry_after, std::chrono::hours(24 * 365 * 50));  // "practically never", as in process
   // Same as in process.
   auto memory = make_memory_backend({.clock = &clock_}).value();
-  memory->check({.rule = &no_refill, .key = "k"}).value();
-  memory->check({.rule = &no_refill, .key = "k"}).value();
-  decision local = memory->check({.rule = &no_refill, .key = "k"}).value();
+  auto in_process = prepared(*memory, no_refill);
+  memory->check({.rule = in_process.get(), .key = "k"}).value();
+  memory->check({.rule = in_process.get(), .key = "k"}).value();
+  decision local = memory->check({.rule = in_process.get(), .key = "k"}).value();
   EXPECT_LE(std::chrono::abs(local.retry_after - spent.retry_after), 1us);
   for (const auto& k : redis_->keys()) EXPECT_GT(redis_->integer({"PTTL", k}), 0) << k;
 }
@@ -898,21 +928,23 @@ TEST_F(RedisBackendTest, TokenBucketAtHighRatesAdmitsExactlyTheBurst) {
   // Interval 1100 ns. Key TTLs run in real time while the test clock stands still: a deep debt (11 s)
   // keeps the key alive throughout.
   rule r{.name = "fast", .limit = token_bucket_policy(per_second(1e9 / 1100), 10'000'000)};
-  decision first = expect_decision(b->check({.rule = &r, .key = "k", .cost = 9'999'900}));
-  expect_same(first, memory->check({.rule = &r, .key = "k", .cost = 9'999'900}).value(), "cost 9,999,900");
+  auto in_process = prepared(*memory, r);
+  decision first = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 9'999'900}));
+  expect_same(first, memory->check({.rule = in_process.get(), .key = "k", .cost = 9'999'900}).value(),
+              "cost 9,999,900");
   EXPECT_TRUE(first.allowed);
   int admitted = 0;
   for (int i = 0; i < 200; ++i) {
-    decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
-    expect_same(d, memory->check({.rule = &r, .key = "k"}).value(), "cost 1, check " + std::to_string(i));
+    decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
+    expect_same(d, memory->check({.rule = in_process.get(), .key = "k"}).value(), "cost 1, check " + std::to_string(i));
     if (!d.allowed) break;
     ++admitted;
   }
   EXPECT_EQ(admitted, 100);
   // A refusal takes nothing: 2 µs later (Redis TIME counts whole µs) exactly one more token.
   clock_.advance(2us);
-  EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
-  EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
+  EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed);
 }
 
 // Each key is first drained to a few tokens: its debt (10 s and more) then keeps it alive in real
@@ -930,18 +962,18 @@ TEST_F(RedisBackendTest, TokenBucketAtHighRatesMatchesInProcess) {
   compare_with_memory(*b, clock_, dual, 3us, 9'999'990);
 }
 
-// Above 10^6 per second the interval is under the 1 µs of Redis TIME: refused before sending.
+// Above 10^6 per second the interval is under the 1 µs of Redis TIME: refused when prepared.
 TEST_F(RedisBackendTest, TokenBucketRatesAboveOnePerMicrosecondAreRefused) {
   auto b = make();
   rule too_fast{.name = "too_fast", .limit = token_bucket_policy(per_second(1e8), 10)};
-  auto d = b->check({.rule = &too_fast, .key = "k"});
+  auto d = b->prepare(too_fast);
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.error(), errc::invalid_argument);
   EXPECT_NE(d.error().message.find("rate 100000000 per second"), std::string::npos) << d.error().message;
   EXPECT_NE(d.error().message.find("too_fast"), std::string::npos) << d.error().message;
   rule tenant_too_fast{
       .name = "t", .limit = fixed_window_policy(5, 1s), .tenant = token_bucket_policy(per_second(1.5e6), 10)};
-  auto t = b->check({.rule = &tenant_too_fast, .tenant = "acme", .user = "u"});
+  auto t = b->prepare(tenant_too_fast);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error(), errc::invalid_argument);
   EXPECT_NE(t.error().message.find("tenant layer"), std::string::npos) << t.error().message;
@@ -950,9 +982,9 @@ TEST_F(RedisBackendTest, TokenBucketRatesAboveOnePerMicrosecondAreRefused) {
   EXPECT_EQ(b->stats().protocol_errors, 0u);
   // The boundary and an infinite rate are fine.
   rule fastest{.name = "fastest", .limit = token_bucket_policy(per_second(1e6), 10)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &fastest, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, fastest).get(), .key = "k"})).allowed);
   rule unlimited{.name = "inf", .limit = token_bucket_policy(rate::infinite(), 10)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &unlimited, .key = "k"})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, unlimited).get(), .key = "k"})).allowed);
 }
 
 // Windows up to nanoseconds::max() and limits near 2^63: no overflow in the arguments (UBSan), the
@@ -963,16 +995,16 @@ TEST_F(RedisBackendTest, HugeWindowsAndLimitsNeitherOverflowNorReachTheScripts) 
     for (nanoseconds w : {nanoseconds::max(), nanoseconds(1), nanoseconds(1001)}) {
       rule r{.name = std::string(to_string(a)) + std::to_string(w.count()),
              .limit = {.algorithm = a, .limit = 2, .window = w}};
-      EXPECT_TRUE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed) << r.name;
-      decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+      EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed) << r.name;
+      decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
       EXPECT_EQ(d.source, decision_source::limiter) << r.name;
       if (w == nanoseconds::max()) {
-        EXPECT_FALSE(expect_decision(b->check({.rule = &r, .key = "k"})).allowed) << r.name;
+        EXPECT_FALSE(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"})).allowed) << r.name;
       }
     }
   }
   rule slow{.name = "slow", .limit = token_bucket_policy(per_second(0), std::int64_t{1} << 40)};
-  EXPECT_TRUE(expect_decision(b->check({.rule = &slow, .key = "k", .cost = 1000})).allowed);
+  EXPECT_TRUE(expect_decision(b->check({.rule = prepared(*b, slow).get(), .key = "k", .cost = 1000})).allowed);
   // Every key expires (the 1 µs windows' keys within a millisecond: -2 once gone).
   for (const auto& k : redis_->keys()) EXPECT_NE(redis_->integer({"PTTL", k}), -1) << k;
   EXPECT_EQ(b->stats().protocol_errors, 0u);
@@ -982,9 +1014,9 @@ TEST_F(RedisBackendTest, HugeWindowsAndLimitsNeitherOverflowNorReachTheScripts) 
   rule huge_burst{.name = "burst",
                   .limit = token_bucket_policy(per_second(1), std::numeric_limits<std::int64_t>::max())};
   for (const rule* r : {&huge_limit, &huge_burst}) {
-    auto d = b->check({.rule = r, .key = "k"});
-    ASSERT_FALSE(d.ok()) << r->name;
-    EXPECT_EQ(d.error(), errc::invalid_argument) << r->name;
+    auto p = b->prepare(*r);
+    ASSERT_FALSE(p.ok()) << r->name;
+    EXPECT_EQ(p.error(), errc::invalid_argument) << r->name;
   }
   EXPECT_EQ(redis_->integer({"DBSIZE"}), before);
 }
@@ -995,10 +1027,11 @@ TEST_F(RedisBackendTest, DualLayerDecisionsAreCombinedAsInProcess) {
   auto b = make();
   auto memory = make_memory_backend({.clock = &clock_}).value();
   rule r{.name = "api", .limit = sliding_window_policy(3, 1min), .tenant = token_bucket_policy(per_second(1), 6)};
+  const testing::twin_rules twins(*b, *memory, {r});
   auto both = [&](std::string_view user, std::int64_t cost, const std::string& where) {
-    check_request req{.rule = &r, .tenant = "acme", .user = user, .cost = cost};
+    check_request req{.rule = twins.on_a[0].get(), .tenant = "acme", .user = user, .cost = cost};
     decision d = expect_decision(b->check(req));
-    expect_same(d, memory->check(req).value(), where);
+    expect_same(d, memory->check(twins.on_b_of(req)).value(), where);
     return d;
   };
   decision d = both("alice", 1, "alice takes 1");
@@ -1048,7 +1081,8 @@ TEST_F(RedisBackendTest, DestroyingOnAStoppedIoContextClosesTheConnection) {
     auto b =
         make_redis_backend({.addresses = {redis_->address()}, .command_timeout = 2s, .clock_for_test = &clock_}, io);
     ASSERT_TRUE(b.ok());
-    EXPECT_EQ(expect_decision((*b)->check({.rule = &r, .key = "k"})).source, decision_source::limiter);  // connected
+    EXPECT_EQ(expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"})).source,
+              decision_source::limiter);  // connected
     io.stop();
     runner.join();
     ASSERT_TRUE(io.stopped());
@@ -1067,14 +1101,15 @@ TEST_F(RedisAuthTest, RequirePassAndAclUser) {
   {
     auto b = make_redis_backend({.addresses = {redis.address()}, .password = "s3cret", .command_timeout = 2s});
     ASSERT_TRUE(b.ok());
-    EXPECT_EQ(expect_decision((*b)->check({.rule = &r, .key = "k"})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"})).source,
+              decision_source::limiter);
     EXPECT_TRUE((*b)->ready());
   }
   {
     auto b = make_redis_backend(
         {.addresses = {redis.address()}, .username = "limiter", .password = "limiter-pw", .command_timeout = 2s});
     ASSERT_TRUE(b.ok());
-    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    decision d = expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"}));
     EXPECT_EQ(d.source, decision_source::limiter);
     EXPECT_EQ(d.remaining, 3);
   }
@@ -1082,7 +1117,7 @@ TEST_F(RedisAuthTest, RequirePassAndAclUser) {
     // Wrong password: Redis refuses, the decision follows on_error, nothing crashes.
     auto b = make_redis_backend({.addresses = {redis.address()}, .password = "wrong", .command_timeout = 2s});
     ASSERT_TRUE(b.ok());
-    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    decision d = expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"}));
     EXPECT_EQ(d.source, decision_source::fail_open);
     EXPECT_TRUE(d.allowed);
     EXPECT_FALSE((*b)->ready());
@@ -1092,7 +1127,7 @@ TEST_F(RedisAuthTest, RequirePassAndAclUser) {
     auto b =
         make_redis_backend({.addresses = {redis.address()}, .command_timeout = 2s, .on_error = failure_policy::deny});
     ASSERT_TRUE(b.ok());
-    decision d = expect_decision((*b)->check({.rule = &r, .key = "k"}));
+    decision d = expect_decision((*b)->check({.rule = prepared(**b, r).get(), .key = "k"}));
     EXPECT_EQ(d.source, decision_source::fail_closed);
     EXPECT_FALSE(d.allowed);
   }

@@ -17,6 +17,7 @@
 
 #include "integration/redis/redis_cluster.hpp"
 #include "integration/redis/redis_server.hpp"
+#include "support/prepared.hpp"
 #include "redis/keys.hpp"
 #include "redis/slot.hpp"
 #include "sluice/redis_backend.hpp"
@@ -24,6 +25,8 @@
 
 namespace sluice {
 namespace {
+
+using sluice::testing::prepared;
 
 using namespace std::chrono_literals;
 using testing::redis_cluster;
@@ -157,15 +160,17 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
   };
   std::mt19937 rng(42);
   for (const rule& r : rules) {
+    const testing::twin_rules twins(*on_cluster, *one, {r});
     int allowed = 0;
     int refused = 0;
     for (int i = 0; i < 400; ++i) {
       if (rng() % 3 == 0) clock_.advance(std::chrono::microseconds(rng() % 100'000));
       const std::string id = "id" + std::to_string(rng() % 10);
       const std::string tenant = "t" + std::to_string(rng() % 4);
-      const check_request req{.rule = &r, .key = id, .tenant = tenant, .user = id, .cost = 1 + rng() % 2};
+      const check_request req{
+          .rule = twins.on_a[0].get(), .key = id, .tenant = tenant, .user = id, .cost = 1 + rng() % 2};
       const decision c = expect_decision(on_cluster->check(req));
-      expect_identical(c, expect_decision(one->check(req)), r.name + " step " + std::to_string(i));
+      expect_identical(c, expect_decision(one->check(twins.on_b_of(req))), r.name + " step " + std::to_string(i));
       EXPECT_EQ(c.source, decision_source::limiter);
       (c.allowed ? allowed : refused)++;
       if (HasFailure()) return;
@@ -196,20 +201,22 @@ TEST_F(RedisClusterTest, CheckAllOverSlotsRecordsNothingOnARefusal) {
     const std::string k = "k" + std::to_string(i);
     (slot_of(loose, k) == strict_slot ? same : other) = k;
   }
-  std::vector<check_request> checks{{.rule = &strict, .key = "k"}, {.rule = &loose, .key = other}};
+  auto on_strict = prepared(*b, strict);
+  auto on_loose = prepared(*b, loose);
+  std::vector<check_request> checks{{.rule = on_strict.get(), .key = "k"}, {.rule = on_loose.get(), .key = other}};
   auto first = b->check_all(checks).value();
   EXPECT_TRUE(first[0].allowed && first[1].allowed);
   EXPECT_EQ(first[1].remaining, 4) << "both slots recorded";
 
-  checks.push_back({.rule = &loose, .key = same});
+  checks.push_back({.rule = on_loose.get(), .key = same});
   auto second = b->check_all(checks).value();
   EXPECT_FALSE(second[0].allowed);
   EXPECT_TRUE(second[1].allowed);
   EXPECT_EQ(second[1].remaining, 4) << "another slot: nothing recorded";
   EXPECT_TRUE(second[2].allowed);
   EXPECT_EQ(second[2].remaining, 5) << "strict's slot: nothing recorded";
-  EXPECT_EQ(b->check({.rule = &loose, .key = same}).value().remaining, 4);
-  EXPECT_EQ(b->check({.rule = &loose, .key = other}).value().remaining, 3);
+  EXPECT_EQ(b->check({.rule = prepared(*b, loose).get(), .key = same}).value().remaining, 4);
+  EXPECT_EQ(b->check({.rule = prepared(*b, loose).get(), .key = other}).value().remaining, 3);
   EXPECT_EQ(b->stats().protocol_errors + b->stats().unavailable, 0u);
 }
 
@@ -233,12 +240,12 @@ TEST_F(RedisClusterTest, LeasesOverManySlotsNeverExceedAWindowAndAreGivenBack) {
       const std::string key = "key-" + std::to_string(k);
       const std::string user = "user-" + std::to_string(round % 10);
       for (redis_backend* on : {a.get(), b.get()}) {
-        check_request req = check_request::of(on == a.get() ? *pa : *pb);
+        check_request req{.rule = on == a.get() ? pa.get() : pb.get()};
         req.key = key;
         auto d = on->check(req);
         ASSERT_TRUE(d.ok() && d->source == decision_source::limiter) << (d.ok() ? "" : d.error().message);
         admitted[key] += d->allowed;
-        check_request dreq = check_request::of(on == a.get() ? *da : *db);
+        check_request dreq{.rule = on == a.get() ? da.get() : db.get()};
         dreq.tenant = key;
         dreq.user = user;
         auto dd = on->check(dreq);
@@ -257,7 +264,7 @@ TEST_F(RedisClusterTest, LeasesOverManySlotsNeverExceedAWindowAndAreGivenBack) {
   a->give_back_leases();
   b->give_back_leases();
   for (auto& [key, n] : admitted) {
-    check_request req = check_request::of(*pb);
+    check_request req{.rule = pb.get()};
     req.key = key;
     for (decision d = b->check(req).value(); d.allowed; d = b->check(req).value()) ++n;
     EXPECT_EQ(n, 50) << key;
@@ -290,7 +297,7 @@ TEST_F(RedisClusterTest, DualLayerKeysShareASlotForAnyTenantId) {
     // u1 takes 2 (its limit), is refused a third by its own layer; u2 takes the tenant's last unit
     // and is then refused by the tenant layer. Nothing a refusal touched was consumed.
     const auto check = [&](const std::string& user) {
-      return expect_decision(b->check({.rule = &r, .tenant = t, .user = user}));
+      return expect_decision(b->check({.rule = prepared(*b, r).get(), .tenant = t, .user = user}));
     };
     EXPECT_TRUE(check("u1").allowed);
     EXPECT_TRUE(check("u1").allowed);
@@ -331,7 +338,7 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadFailsNoCheckAndAdmitsExactlyTheLimit
   int checks = 0;
   const auto run_checks = [&](int n) {
     for (int i = 0; i < n; ++i, ++checks) {
-      const decision d = expect_decision(b->check({.rule = &r, .key = key}));
+      const decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = key}));
       EXPECT_EQ(d.source, decision_source::limiter) << "check " << checks;
       admitted += d.allowed;
     }
@@ -367,7 +374,8 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
   const std::string tk = detail::tenant_key("sluice:", r.name, tenant, "fw2.3600000000");
   const std::string uk = detail::user_key("sluice:", r.name, tenant, "bob", "fw2.3600000000");
   const int slot = detail::key_slot(tk);
-  ASSERT_TRUE(b->check({.rule = &r, .tenant = tenant, .user = "bob"}).value().allowed);  // both keys exist
+  ASSERT_TRUE(
+      b->check({.rule = prepared(*b, r).get(), .tenant = tenant, .user = "bob"}).value().allowed);  // both keys exist
   redis_server& from = cluster_->master_of(slot);
   redis_server* to = nullptr;
   for (redis_server* m : cluster_->masters()) {
@@ -378,7 +386,7 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
   // A jthread: stopped and joined on every way out of the test, a failed assertion's included.
   std::jthread load([&](std::stop_token stop) {
     for (int i = 0; i < 5000 && !stop.stop_requested(); ++i) {
-      const decision d = expect_decision(b->check({.rule = &r, .tenant = tenant, .user = "bob"}));
+      const decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .tenant = tenant, .user = "bob"}));
       if (d.source != decision_source::limiter) failed.fetch_add(1);
       admitted.fetch_add(d.allowed);
       checks.fetch_add(1);
@@ -407,10 +415,11 @@ TEST_F(RedisClusterTest, SplitKeysDuringMigrationAreRetriedNotFailed) {
 TEST_F(RedisClusterTest, ScriptFlushOnEveryNodeIsRecovered) {
   auto b = make_cluster();
   const rule r{.name = "tb", .limit = token_bucket_policy(per_second(10), 1000)};
-  for (int i = 0; i < 30; ++i) ASSERT_TRUE(b->check({.rule = &r, .key = std::to_string(i)}).value().allowed);
+  for (int i = 0; i < 30; ++i)
+    ASSERT_TRUE(b->check({.rule = prepared(*b, r).get(), .key = std::to_string(i)}).value().allowed);
   for (redis_server* m : cluster_->masters()) m->command({"SCRIPT", "FLUSH"});
   for (int i = 0; i < 30; ++i) {
-    const decision d = expect_decision(b->check({.rule = &r, .key = std::to_string(i)}));
+    const decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = std::to_string(i)}));
     EXPECT_TRUE(d.allowed);
     EXPECT_EQ(d.source, decision_source::limiter);
   }
@@ -423,7 +432,8 @@ TEST_F(RedisClusterTest, SeedsMayBeAnyNodeAndSomeMayBeDown) {
   auto b = make_cluster(options({"127.0.0.1:1", replica.address()}));
   const rule r{.name = "fw", .limit = fixed_window_policy(5, 1h)};
   for (int i = 0; i < 20; ++i) {
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = std::to_string(i)})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = std::to_string(i)})).source,
+              decision_source::limiter);
   }
   EXPECT_EQ(b->stats().masters, 3u);
 }
@@ -439,30 +449,36 @@ TEST_F(RedisClusterTest, AStalledMasterOpensOnlyItsOwnCircuit) {
   auto b = make_cluster(o);
   const rule r{.name = "stall", .limit = fixed_window_policy(1'000'000, 1h)};
   const auto [stalled, stalled_key, other_key] = keys_on_two_masters(*cluster_, r);
-  ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
+  ASSERT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = stalled_key})).source,
+            decision_source::limiter);
   std::jthread sleeper([stalled] { stalled->command({"DEBUG", "SLEEP", "0.6"}); });
   // Wait (bounded) until the stalled master's circuit is open.
   const auto give_up = steady::now() + 5s;
   while (!b->stats().circuit_open && steady::now() < give_up) {
-    const decision_source s = expect_decision(b->check({.rule = &r, .key = stalled_key})).source;
+    const decision_source s = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = stalled_key})).source;
     EXPECT_TRUE(s == decision_source::fail_open || s == decision_source::limiter);  // answered before the stall
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = other_key})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = other_key})).source,
+              decision_source::limiter);
   }
   ASSERT_TRUE(b->stats().circuit_open);
   const std::uint64_t timeouts = b->stats().timeouts;
   for (int i = 0; i < 20; ++i) {
     // Open: decided by on_error at once, no timeout paid; the other masters answer.
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::fail_open);
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = other_key})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = stalled_key})).source,
+              decision_source::fail_open);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = other_key})).source,
+              decision_source::limiter);
   }
   EXPECT_EQ(b->stats().timeouts, timeouts) << "an open circuit pays no timeout";
   sleeper.join();
   const auto back_by = steady::now() + 10s;
-  while (expect_decision(b->check({.rule = &r, .key = stalled_key})).source != decision_source::limiter &&
+  while (expect_decision(b->check({.rule = prepared(*b, r).get(), .key = stalled_key})).source !=
+             decision_source::limiter &&
          steady::now() < back_by) {
     std::this_thread::sleep_for(20ms);  // the probe's interval; no limiter waits on it
   }
-  EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = stalled_key})).source, decision_source::limiter);
+  EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = stalled_key})).source,
+            decision_source::limiter);
   EXPECT_FALSE(b->stats().circuit_open);
   EXPECT_EQ(b->stats().circuit_opens, 1u);
 }
@@ -504,7 +520,7 @@ TEST_F(RedisClusterFailoverTest, ManualFailoverFailsNoCheck) {
   std::atomic<int> admitted{0}, failed{0}, checks{0};
   std::jthread load([&](std::stop_token stop) {
     for (int i = 0; i < 20'000 && !stop.stop_requested(); ++i) {
-      const decision d = expect_decision(b->check({.rule = &r, .key = "k"}));
+      const decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = "k"}));
       if (d.source != decision_source::limiter) failed.fetch_add(1);
       admitted.fetch_add(d.allowed);
       checks.fetch_add(1);
@@ -546,7 +562,8 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   const auto [victim, victim_key, other_key] = keys_on_two_masters(*cluster_, r);
   const int victim_slot = detail::key_slot(single_key(r, victim_key));
   redis_server& heir = cluster_->replica_of(*victim);
-  ASSERT_EQ(expect_decision(b->check({.rule = &r, .key = victim_key})).source, decision_source::limiter);
+  ASSERT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = victim_key})).source,
+            decision_source::limiter);
   // Ready once every master's connection has finished its handshake.
   for (const auto until = steady::now() + 5s; !b->ready() && steady::now() < until;) std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(b->ready());
@@ -559,7 +576,7 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   bool saw_not_ready = false;
   const auto give_up = killed_at + 30s;
   while (steady::now() < give_up && !answered_again) {
-    const decision d = expect_decision(b->check({.rule = &r, .key = victim_key}));
+    const decision d = expect_decision(b->check({.rule = prepared(*b, r).get(), .key = victim_key}));
     if (d.source == decision_source::fail_closed) {
       ++denied;
       EXPECT_FALSE(d.allowed);
@@ -568,7 +585,8 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
       answered_again = true;
       first_answer_at = steady::now();
     }
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = other_key})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = other_key})).source,
+              decision_source::limiter);
     saw_not_ready = saw_not_ready || !b->ready();
     if (promoted_at == steady::time_point{} &&
         redis_cluster::info(heir, "replication").find("role:master") != std::string::npos) {
@@ -590,7 +608,8 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   EXPECT_LE(ours, ms(1000));
   // Exact again: every later check is Redis's.
   for (int i = 0; i < 50; ++i) {
-    EXPECT_EQ(expect_decision(b->check({.rule = &r, .key = victim_key})).source, decision_source::limiter);
+    EXPECT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = victim_key})).source,
+              decision_source::limiter);
   }
   const auto ready_by = steady::now() + 5s;
   while (!b->ready() && steady::now() < ready_by) std::this_thread::sleep_for(20ms);

@@ -141,6 +141,7 @@ TEST(RedisConcurrencyTest, ThreadsSharingOneBackendMixBlockingAndAsyncChecks) {
   constexpr int threads = 4;
   constexpr int per_thread = 200;
   std::vector<std::thread> pool;
+  const prepared_rule_ptr shared = (*backend)->prepare(r).value();  // one prepared rule for every thread
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&] {
       for (int i = 0; i < per_thread; ++i) {
@@ -152,9 +153,9 @@ TEST(RedisConcurrencyTest, ThreadsSharingOneBackendMixBlockingAndAsyncChecks) {
           }
         };
         if (i % 2 == 0) {
-          count((*backend)->check({.rule = &r, .key = "k"}));
+          count((*backend)->check({.rule = shared.get(), .key = "k"}));
         } else {
-          (*backend)->async_check({.rule = &r, .key = "k"}, [&, count](result<decision> d) {
+          (*backend)->async_check({.rule = shared.get(), .key = "k"}, [&, count](result<decision> d) {
             count(std::move(d));
             async_done.fetch_add(1);
           });

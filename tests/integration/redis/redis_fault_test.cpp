@@ -28,10 +28,13 @@
 #include <vector>
 
 #include "integration/redis/redis_server.hpp"
+#include "support/prepared.hpp"
 #include "redis/command.hpp"  // the reply bounds
 
 namespace sluice {
 namespace {
+
+using sluice::testing::prepared;
 
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
@@ -54,7 +57,7 @@ redis_options fast_options(const redis_server& redis) {
 std::optional<steady::duration> time_until_redis_decides(backend& b, steady::duration limit) {
   const auto start = steady::now();
   while (steady::now() - start < limit) {
-    auto d = b.check({.rule = &window_rule, .key = "probe"});
+    auto d = b.check({.rule = prepared(b, window_rule).get(), .key = "probe"});
     if (d && d->source == decision_source::limiter) return steady::now() - start;
     std::this_thread::sleep_for(10ms);
   }
@@ -76,7 +79,7 @@ TEST(RedisFaultTest, KilledUnderLoadThenRestarted) {
     load.emplace_back([&] {
       for (long i = 0; i < 2'000'000 && !stop.load(); ++i) {  // bounded
         const auto start = steady::now();
-        auto d = backend.check({.rule = &window_rule, .key = "k" + std::to_string(i % 100)});
+        auto d = backend.check({.rule = prepared(backend, window_rule).get(), .key = "k" + std::to_string(i % 100)});
         const long long took = (steady::now() - start).count();
         long long prev = slowest_ns.load();
         while (took > prev && !slowest_ns.compare_exchange_weak(prev, took)) {
@@ -127,7 +130,7 @@ TEST(RedisFaultTest, DebugSleepTakesTheTimeoutPathThenTheBreakerFailsFast) {
   // Each check waits at most the command timeout, then follows on_error.
   for (int i = 0; i < 3; ++i) {
     const auto start = steady::now();
-    auto d = backend.check({.rule = &window_rule, .key = "k"});
+    auto d = backend.check({.rule = prepared(backend, window_rule).get(), .key = "k"});
     const auto took = steady::now() - start;
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(d->source, decision_source::fail_open);
@@ -140,7 +143,7 @@ TEST(RedisFaultTest, DebugSleepTakesTheTimeoutPathThenTheBreakerFailsFast) {
   // The circuit is open: checks no longer wait for the timeout.
   const auto start = steady::now();
   for (int i = 0; i < 20; ++i) {
-    auto d = backend.check({.rule = &window_rule, .key = "k"});
+    auto d = backend.check({.rule = prepared(backend, window_rule).get(), .key = "k"});
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(d->source, decision_source::fail_open);
   }
@@ -178,7 +181,7 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
   std::this_thread::sleep_for(100ms);  // let the server fall asleep
   for (const rule& r : rules) {
     for (int i = 0; i < 3; ++i) {
-      auto d = backend.check({.rule = &r, .key = "victim", .tenant = "t", .user = "victim"});
+      auto d = backend.check({.rule = prepared(backend, r).get(), .key = "victim", .tenant = "t", .user = "victim"});
       ASSERT_TRUE(d.ok());
       EXPECT_EQ(d->source, decision_source::fail_closed) << r.name;
       EXPECT_FALSE(d->allowed);
@@ -187,7 +190,7 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
   sleeper.get();
   // The late scripts have run by the time a new check on the same connection is answered.
   for (const rule& r : rules) {
-    auto d = backend.check({.rule = &r, .key = "victim", .tenant = "t", .user = "victim"});
+    auto d = backend.check({.rule = prepared(backend, r).get(), .key = "victim", .tenant = "t", .user = "victim"});
     ASSERT_TRUE(d.ok());
     EXPECT_EQ(d->source, decision_source::limiter) << r.name;
     EXPECT_TRUE(d->allowed) << r.name << ": a timed-out check was applied late";
@@ -329,7 +332,7 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
     ASSERT_TRUE(b.ok());
     const auto start = steady::now();
     while (server.script_calls() == 0 && steady::now() - start < 5s) {
-      auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+      auto d = (*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"});
       ASSERT_TRUE(d.ok());
       EXPECT_EQ(d->source, decision_source::fail_open);
       if (server.script_calls() == 0) std::this_thread::sleep_for(10ms);  // not connected yet
@@ -337,7 +340,7 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
     ASSERT_GT(server.script_calls(), 0) << "the backend never sent a script to the server";
     for (int i = 0; i < 3; ++i) {
       const auto t0 = steady::now();
-      auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+      auto d = (*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"});
       ASSERT_TRUE(d.ok());
       EXPECT_EQ(d->source, decision_source::fail_open);
       EXPECT_LT(steady::now() - t0, 1s) << "failed at once, not after command_timeout";
@@ -384,7 +387,7 @@ int check_until_connections(backend& b, const hostile_server& server, int connec
   int on_error = 0;
   const auto start = steady::now();
   while (server.connections() < connections && steady::now() - start < 5s) {
-    auto d = b.check({.rule = &window_rule, .key = "k"});
+    auto d = b.check({.rule = prepared(b, window_rule).get(), .key = "k"});
     EXPECT_TRUE(d.ok());
     if (!d) continue;
     EXPECT_TRUE(d->source == decision_source::limiter || d->source == decision_source::fail_closed);
@@ -434,7 +437,7 @@ int check_until_not_ready(backend& b) {
   int checks = 0;
   bool ready = b.ready();  // as seen: a probe may reconnect at any time after
   while (ready && checks < 100) {
-    auto d = b.check({.rule = &window_rule, .key = "k"});
+    auto d = b.check({.rule = prepared(b, window_rule).get(), .key = "k"});
     ++checks;
     ready = b.ready();
     EXPECT_TRUE(d.ok());
@@ -505,7 +508,10 @@ TEST(RedisFaultTest, OutOfMemoryRefusesEveryScriptAndReadinessFollows) {
   const std::vector<rule> rules = one_rule_per_script(10);
   for (int i = 0; i < 50; ++i) {
     for (const rule& r : rules) {
-      auto d = backend.check({.rule = &r, .key = "k" + std::to_string(i), .tenant = "t", .user = std::to_string(i)});
+      auto d = backend.check({.rule = prepared(backend, r).get(),
+                              .key = "k" + std::to_string(i),
+                              .tenant = "t",
+                              .user = std::to_string(i)});
       ASSERT_TRUE(d.ok());
       EXPECT_EQ(d->source, decision_source::fail_open) << r.name;
     }
@@ -516,7 +522,7 @@ TEST(RedisFaultTest, OutOfMemoryRefusesEveryScriptAndReadinessFollows) {
   const auto start = steady::now();
   while (!backend.ready() && steady::now() - start < 5s) std::this_thread::sleep_for(10ms);
   EXPECT_TRUE(backend.ready()) << "readiness returns once Redis has memory again";
-  auto d = backend.check({.rule = &rules[1], .key = "after"});
+  auto d = backend.check({.rule = prepared(backend, rules[1]).get(), .key = "after"});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->source, decision_source::limiter);
 }
@@ -532,7 +538,7 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
   {
     auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::deny});
     ASSERT_TRUE(b.ok());
-    auto d = (*b)->check({.rule = &r, .key = "k"});
+    auto d = (*b)->check({.rule = prepared(**b, r).get(), .key = "k"});
     ASSERT_TRUE(d.ok());
     EXPECT_FALSE(d->allowed);
     EXPECT_EQ(d->source, decision_source::fail_closed);
@@ -542,18 +548,20 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
   {
     auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::local});
     ASSERT_TRUE(b.ok());
+    auto on_r = prepared(**b, r);  // the local fallback's state lives in the prepared rule
+    auto on_dual = prepared(**b, dual);
     for (int i = 0; i < 2; ++i) {
-      auto d = (*b)->check({.rule = &r, .key = "k"});
+      auto d = (*b)->check({.rule = on_r.get(), .key = "k"});
       ASSERT_TRUE(d.ok());
       EXPECT_TRUE(d->allowed);
       EXPECT_EQ(d->source, decision_source::local_fallback);
     }
-    auto refused = (*b)->check({.rule = &r, .key = "k"});
+    auto refused = (*b)->check({.rule = on_r.get(), .key = "k"});
     ASSERT_TRUE(refused.ok());
     EXPECT_FALSE(refused->allowed);
     EXPECT_EQ(refused->source, decision_source::local_fallback);
     // Dual-layer rules fall back too, with both layers.
-    auto d = (*b)->check({.rule = &dual, .tenant = "t", .user = "u"});
+    auto d = (*b)->check({.rule = on_dual.get(), .tenant = "t", .user = "u"});
     ASSERT_TRUE(d.ok());
     EXPECT_TRUE(d->dual_layer);
     EXPECT_EQ(d->tenant.limit, 3);
@@ -568,7 +576,7 @@ TEST(RedisFaultTest, OnErrorDenyAndLocal) {
                       .tenant = fixed_window_policy(3, std::chrono::hours(1))};
     auto b = make_redis_backend({.addresses = {address}, .command_timeout = 50ms, .on_error = failure_policy::allow});
     ASSERT_TRUE(b.ok());
-    auto d = (*b)->check({.rule = &small_tenant, .tenant = "t", .user = "u"});
+    auto d = (*b)->check({.rule = prepared(**b, small_tenant).get(), .tenant = "t", .user = "u"});
     ASSERT_TRUE(d.ok());
     EXPECT_TRUE(d->allowed);
     EXPECT_EQ(d->source, decision_source::fail_open);
@@ -586,7 +594,7 @@ TEST(RedisFaultTest, StartsWhileRedisIsDownAndConnectsWhenItComes) {
   redis.kill();
   auto b = make_redis_backend(fast_options(redis));
   ASSERT_TRUE(b.ok());
-  auto d = (*b)->check({.rule = &window_rule, .key = "k"});
+  auto d = (*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->source, decision_source::fail_open);
   EXPECT_FALSE((*b)->ready());
@@ -609,8 +617,9 @@ TEST(RedisFaultTest, WaitingChecksAreBounded) {
   std::atomic<int> done{0};
   std::atomic<int> overloaded_open{0};
   std::promise<void> all;
+  auto window = prepared(**b, window_rule);
   for (int i = 0; i < n; ++i) {
-    (*b)->async_check({.rule = &window_rule, .key = "k"}, [&](result<decision> d) {
+    (*b)->async_check({.rule = window.get(), .key = "k"}, [&](result<decision> d) {
       if (d && d->source == decision_source::fail_open) overloaded_open.fetch_add(1);
       if (done.fetch_add(1) + 1 == n) all.set_value();
     });
@@ -634,8 +643,9 @@ TEST(RedisFaultTest, DestroyingTheBackendCompletesEveryWaitingCheck) {
     ASSERT_TRUE(time_until_redis_decides(**b, 5s).has_value());
     auto sleeper = std::async(std::launch::async, [&] { redis.command({"DEBUG", "SLEEP", "0.5"}); });
     std::this_thread::sleep_for(100ms);
+    auto window = prepared(**b, window_rule);
     for (int i = 0; i < 10; ++i) {
-      (*b)->async_check({.rule = &window_rule, .key = "k"}, [&](result<decision> d) {
+      (*b)->async_check({.rule = window.get(), .key = "k"}, [&](result<decision> d) {
         EXPECT_TRUE(d.ok());
         done.fetch_add(1);
       });
@@ -660,9 +670,10 @@ TEST(RedisFaultTest, ErrorsAreLoggedAtMostOncePerIntervalWithTheirCount) {
                                  .error_log_interval = 500ms});
     ASSERT_TRUE(b.ok());
     for (int i = 0; i < 50; ++i)
-      EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
+      EXPECT_EQ((*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"})->source,
+                decision_source::fail_open);
     std::this_thread::sleep_for(600ms);
-    EXPECT_EQ((*b)->check({.rule = &window_rule, .key = "k"})->source, decision_source::fail_open);
+    EXPECT_EQ((*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"})->source, decision_source::fail_open);
     EXPECT_EQ((*b)->stats().unavailable, 51u);
   }
   spdlog::set_default_logger(previous);

@@ -10,12 +10,15 @@
 #include <random>
 
 #include "integration/redis/redis_server.hpp"
+#include "support/prepared.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/redis_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
 
 namespace sluice {
 namespace {
+
+using sluice::testing::prepared;
 
 using namespace std::chrono_literals;
 using testing::redis_server;
@@ -45,7 +48,7 @@ class RedisLeaseTest : public ::testing::Test {
   }
 
   static decision check(backend& b, const prepared_rule& p, std::string_view key, std::int64_t cost = 1) {
-    check_request req = check_request::of(p);
+    check_request req{.rule = &p};
     req.key = key;
     req.cost = cost;
     auto d = b.check(req);
@@ -107,7 +110,7 @@ void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_back
     const std::string key = "hot-" + std::to_string(rng() % 2);
     backend& on = rng() % 2 ? static_cast<backend&>(a) : b;
     const prepared_rule& p = &on == &a ? *pa : *pb;
-    check_request req = check_request::of(p);
+    check_request req{.rule = &p};
     req.key = key;
     auto d = on.check(req);
     ASSERT_TRUE(d.ok()) << d.error().message;
@@ -125,7 +128,7 @@ void expect_never_over_the_limit(RedisLeaseTest* t, redis_backend& a, redis_back
   exact.lease.reset();
   for (const admission& x : admitted) {
     replay_clock.set(x.at);
-    auto d = reference->check({.rule = &exact, .key = x.key});
+    auto d = reference->check({.rule = prepared(*reference, exact).get(), .key = x.key});
     ASSERT_TRUE(d.ok());
     ASSERT_TRUE(d->allowed) << to_string(r.limit.algorithm) << ": admitted over the limit at " << to_ns(x.at) << " on "
                             << x.key;
@@ -306,7 +309,7 @@ TEST_F(RedisLeaseTest, ALeasedTenantLayerStaysAllOrNothing) {
   int admitted = 0;
   for (int user = 0; user < 4; ++user) {
     for (int i = 0; i < 6; ++i) {
-      check_request req = check_request::of(*p);
+      check_request req{.rule = p.get()};
       req.tenant = "acme";
       const std::string id = "u" + std::to_string(user);
       req.user = id;
@@ -324,7 +327,7 @@ TEST_F(RedisLeaseTest, ALeasedTenantLayerStaysAllOrNothing) {
   a->give_back_leases();
   rule exact = r;
   exact.lease.reset();
-  auto d = a->check({.rule = &exact, .tenant = "acme", .user = "someone-else"});
+  auto d = a->check({.rule = prepared(*a, exact).get(), .tenant = "acme", .user = "someone-else"});
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->tenant.remaining, 100 - 12 - 1);
 }

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
       const std::string user = "user-" + std::to_string(::getpid()) + "-" + std::to_string(t);
       std::map<long long, long> mine;
       for (int i = 0; i < checks; ++i) {
-        sluice::check_request req = sluice::check_request::of(**prepared);
+        sluice::check_request req{.rule = prepared->get()};
         if (dual_mode) {
           req.tenant = "acme";
           req.user = user;

@@ -158,10 +158,14 @@ TEST(Concurrency, KeyedLimiterRetunedWhileChecking) {
 TEST(Concurrency, MemoryBackendDualLayerAcrossUsers) {
   testing::simulated_clock clock(t0);
   auto backend = make_memory_backend({.clock = &clock}).value();
-  rule r{.name = "tenant_api", .limit = sliding_window_policy(100, 60s), .tenant = sliding_window_policy(1000, 60s)};
+  auto r = backend
+               ->prepare({.name = "tenant_api",
+                          .limit = sliding_window_policy(100, 60s),
+                          .tenant = sliding_window_policy(1000, 60s)})
+               .value();
   int admitted = hammer([&](int t, int i) {
     std::string user = "u" + std::to_string((t * attempts_per_thread + i) % 50);
-    return backend->check({.rule = &r, .tenant = "acme", .user = user}).value().allowed;
+    return backend->check({.rule = r.get(), .tenant = "acme", .user = user}).value().allowed;
   });
   EXPECT_EQ(admitted, 1000);  // 50 users × 100 would be 5000: the tenant layer binds
 }

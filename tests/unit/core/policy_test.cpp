@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "sluice/backend.hpp"
+#include "sluice/memory_backend.hpp"
 
 namespace sluice {
 namespace {
@@ -47,14 +48,22 @@ TEST(Policy, RatesFromDurations) {
 }
 
 TEST(CheckRequest, Validation) {
-  rule r{.name = "r", .limit = sliding_window_policy(10, 1s)};
-  EXPECT_TRUE(validate(check_request{.rule = &r, .key = "k"}).ok());
-  EXPECT_EQ(validate(check_request{.rule = &r, .key = "k", .cost = 11}).error(), errc::cost_exceeds_burst);
-  rule dual{.name = "d", .limit = sliding_window_policy(10, 1s), .tenant = sliding_window_policy(5, 1s)};
-  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = "t", .user = "u", .cost = 6}).error(),
+  auto b = make_memory_backend({}).value();
+  auto r = b->prepare({.name = "r", .limit = sliding_window_policy(10, 1s)}).value();
+  EXPECT_TRUE(validate(check_request{.rule = r.get(), .key = "k"}, *b).ok());
+  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k", .cost = 11}, *b).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k", .cost = 0}, *b).error(), errc::invalid_argument);
+  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = ""}, *b).error(), errc::invalid_argument);
+  EXPECT_EQ(validate(check_request{.key = "k"}, *b).error(), errc::invalid_argument) << "no rule";
+  auto other = make_memory_backend({}).value();
+  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k"}, *other).error(), errc::invalid_argument)
+      << "a rule prepared by another backend";
+  auto dual =
+      b->prepare({.name = "d", .limit = sliding_window_policy(10, 1s), .tenant = sliding_window_policy(5, 1s)}).value();
+  EXPECT_EQ(validate(check_request{.rule = dual.get(), .tenant = "t", .user = "u", .cost = 6}, *b).error(),
             errc::cost_exceeds_burst);
-  EXPECT_EQ(validate(check_request{.rule = &dual, .user = "u"}).error(), errc::invalid_argument);
-  EXPECT_EQ(validate(check_request{.rule = &dual, .tenant = std::string(513, 't'), .user = "u"}).error(),
+  EXPECT_EQ(validate(check_request{.rule = dual.get(), .user = "u"}, *b).error(), errc::invalid_argument);
+  EXPECT_EQ(validate(check_request{.rule = dual.get(), .tenant = std::string(513, 't'), .user = "u"}, *b).error(),
             errc::key_too_long);
 }
 

@@ -87,24 +87,29 @@ TEST(EnvoyServer, ClientsOnManyChannelsAdmitExactlyTheLimit) {
 }
 
 // Forwards to a memory backend, but keeps the first async_check_all's handler until the test
-// fires it: a call deciding on Redis while the server shuts down.
+// fires it: a call deciding on Redis while the server shuts down. Its prepared rules wrap the
+// memory backend's (a backend checks only rules it prepared).
 class held_backend : public backend {
  public:
   explicit held_backend(backend& inner) : inner_(inner) {}
 
-  result<prepared_rule_ptr> prepare(const rule& r) override { return inner_.prepare(r); }
+  result<prepared_rule_ptr> prepare(const rule& r) override { return wrap(inner_.prepare(r)); }
   result<prepared_rule_ptr> prepare_change(const rule& r, const prepared_rule& previous) override {
-    return inner_.prepare_change(r, previous);
+    return wrap(inner_.prepare_change(r, *inner_of(previous)));
   }
   result<prepared_rule_ptr> prepare_override(const rule& r, const prepared_rule& base) override {
-    return inner_.prepare_override(r, base);
+    return wrap(inner_.prepare_override(r, *inner_of(base)));
   }
-  result<decision> check(const check_request& req) override { return inner_.check(req); }
-  void async_check(const check_request& req, check_handler h) override { inner_.async_check(req, std::move(h)); }
-  result<std::vector<decision>> check_all(std::span<const check_request> c) override { return inner_.check_all(c); }
-  void async_check_all(std::span<const check_request> c, check_all_handler h) override {
+  result<decision> decide(const check_request& req) override { return inner_.check(unwrapped(req)); }
+  void async_decide(const check_request& req, check_handler h) override {
+    inner_.async_check(unwrapped(req), std::move(h));
+  }
+  result<std::vector<decision>> decide_all(std::span<const check_request> c) override {
+    return inner_.check_all(unwrapped(c));
+  }
+  void async_decide_all(std::span<const check_request> c, check_all_handler h) override {
     std::lock_guard lock(mutex_);
-    held_checks_.assign(c.begin(), c.end());
+    held_checks_ = unwrapped(c);
     held_ = std::move(h);
     arrived_.set_value();
   }
@@ -118,6 +123,25 @@ class held_backend : public backend {
   }
 
  private:
+  struct wrapped final : prepared_rule {
+    wrapped(prepared_rule_ptr p, const backend* owner) : prepared_rule(p->definition(), owner), inner(std::move(p)) {}
+    prepared_rule_ptr inner;
+  };
+  result<prepared_rule_ptr> wrap(result<prepared_rule_ptr> p) {
+    if (!p) return p;
+    return prepared_rule_ptr(std::make_shared<wrapped>(std::move(*p), this));
+  }
+  static const prepared_rule* inner_of(const prepared_rule& p) { return static_cast<const wrapped&>(p).inner.get(); }
+  static check_request unwrapped(check_request req) {
+    req.rule = inner_of(*req.rule);
+    return req;
+  }
+  static std::vector<check_request> unwrapped(std::span<const check_request> c) {
+    std::vector<check_request> out;
+    for (const check_request& req : c) out.push_back(unwrapped(req));
+    return out;
+  }
+
   backend& inner_;
   std::mutex mutex_;
   std::promise<void> arrived_;

@@ -24,18 +24,19 @@ using namespace std::chrono_literals;
 // remembers what was asked.
 class fake_backend : public backend {
  public:
-  result<decision> check(const check_request& req) override {
-    asked.push_back({std::string(req.key), std::string(req.tenant), std::string(req.user), req.rule->name, req.cost});
+  result<decision> decide(const check_request& req) override {
+    asked.push_back(
+        {std::string(req.key), std::string(req.tenant), std::string(req.user), req.definition().name, req.cost});
     if (script.empty()) return decision{.allowed = true, .limit = 60, .remaining = 59, .reset_after = 200ms};
     auto r = script.front();
     script.pop_front();
     return r;
   }
-  void async_check(const check_request& req, check_handler handler) override { handler(check(req)); }
-  result<std::vector<decision>> check_all(std::span<const check_request>) override {
+  void async_decide(const check_request& req, check_handler handler) override { handler(decide(req)); }
+  result<std::vector<decision>> decide_all(std::span<const check_request>) override {
     return error(errc::invalid_argument, "the middleware makes single checks");
   }
-  void async_check_all(std::span<const check_request> c, check_all_handler h) override { h(check_all(c)); }
+  void async_decide_all(std::span<const check_request> c, check_all_handler h) override { h(decide_all(c)); }
   bool ready() override { return true; }
 
   struct asked_check {
@@ -573,17 +574,17 @@ TEST(MiddlewareMemory, LongIdentityCannotBypassTheLimit) {
 // reply is outstanding.
 class deferred_backend : public backend {
  public:
-  result<decision> check(const check_request&) override {
+  result<decision> decide(const check_request&) override {
     return decision{.allowed = true, .limit = 60, .remaining = 59};
   }
-  void async_check(const check_request& req, check_handler handler) override {
+  void async_decide(const check_request& req, check_handler handler) override {
     keys.emplace_back(req.key);
     handlers.push_back(std::move(handler));
   }
-  result<std::vector<decision>> check_all(std::span<const check_request>) override {
+  result<std::vector<decision>> decide_all(std::span<const check_request>) override {
     return error(errc::invalid_argument, "the middleware makes single checks");
   }
-  void async_check_all(std::span<const check_request> c, check_all_handler h) override { h(check_all(c)); }
+  void async_decide_all(std::span<const check_request> c, check_all_handler h) override { h(decide_all(c)); }
   bool ready() override { return true; }
   std::vector<std::string> keys;
   std::vector<check_handler> handlers;

@@ -23,15 +23,15 @@ inline void expect_check_all_semantics(backend& b, simulated_clock& clock) {
   auto fw = b.prepare(window).value();
   auto tb = b.prepare(bucket).value();
   auto both = [&](std::int64_t window_cost, std::int64_t bucket_cost) {
-    std::vector<check_request> checks{{.rule = &window, .key = "k", .cost = window_cost, .prepared = fw.get()},
-                                      {.rule = &bucket, .key = "k", .cost = bucket_cost, .prepared = tb.get()}};
+    std::vector<check_request> checks{{.rule = fw.get(), .key = "k", .cost = window_cost},
+                                      {.rule = tb.get(), .key = "k", .cost = bucket_cost}};
     return b.check_all(checks);
   };
+  auto spare = b.prepare({.name = "all_spare", .limit = fixed_window_policy(1, 60s)}).value();
   auto remaining_of = [&](const rule& r, const prepared_rule& p) {
     // A look that changes nothing: a cost no wait admits, beside a key of its own.
-    const rule spare{.name = "all_spare", .limit = fixed_window_policy(1, 60s)};
-    std::vector<check_request> look{{.rule = &r, .key = "k", .cost = r.limit.capacity() + 1, .prepared = &p},
-                                    {.rule = &spare, .key = "look"}};
+    std::vector<check_request> look{{.rule = &p, .key = "k", .cost = r.limit.capacity() + 1},
+                                    {.rule = spare.get(), .key = "look"}};
     return b.check_all(look).value()[0].remaining;
   };
 
@@ -73,36 +73,38 @@ inline void expect_check_all_semantics(backend& b, simulated_clock& clock) {
 
   // Bad calls are refused whole, and change nothing.
   clock.advance(60s);  // a new window: the window key has 2 again
-  std::vector<check_request> twice{{.rule = &window, .key = "k", .prepared = fw.get()},
-                                   {.rule = &window, .key = "k", .prepared = fw.get()}};
+  std::vector<check_request> twice{{.rule = fw.get(), .key = "k"}, {.rule = fw.get(), .key = "k"}};
   EXPECT_EQ(b.check_all(twice).error(), errc::invalid_argument);
-  const rule dual{.name = "all_dual", .limit = fixed_window_policy(1, 60s), .tenant = fixed_window_policy(1, 60s)};
-  std::vector<check_request> with_dual{{.rule = &window, .key = "k", .prepared = fw.get()},
-                                       {.rule = &dual, .tenant = "t", .user = "u"}};
+  auto dual =
+      b.prepare({.name = "all_dual", .limit = fixed_window_policy(1, 60s), .tenant = fixed_window_policy(1, 60s)})
+          .value();
+  std::vector<check_request> with_dual{{.rule = fw.get(), .key = "k"},
+                                       {.rule = dual.get(), .tenant = "t", .user = "u"}};
   EXPECT_EQ(b.check_all(with_dual).error(), errc::invalid_argument);
   EXPECT_EQ(b.check_all({}).error(), errc::invalid_argument);
   std::vector<std::string> keys(max_checks_per_call + 1);
   std::vector<check_request> too_many;
   for (std::size_t i = 0; i < keys.size(); ++i) {
     keys[i] = "many" + std::to_string(i);
-    too_many.push_back({.rule = &window, .key = keys[i], .prepared = fw.get()});
+    too_many.push_back({.rule = fw.get(), .key = keys[i]});
   }
   EXPECT_EQ(b.check_all(too_many).error(), errc::invalid_argument);
-  std::vector<check_request> empty_key{{.rule = &window, .key = "k", .prepared = fw.get()},
-                                       {.rule = &bucket, .key = "", .prepared = tb.get()}};
+  std::vector<check_request> empty_key{{.rule = fw.get(), .key = "k"}, {.rule = tb.get(), .key = ""}};
   EXPECT_EQ(b.check_all(empty_key).error(), errc::invalid_argument);
+  std::vector<check_request> no_rule{{.rule = fw.get(), .key = "k"}, {.rule = nullptr, .key = "k"}};
+  EXPECT_EQ(b.check_all(no_rule).error(), errc::invalid_argument);
   EXPECT_EQ(remaining_of(window, *fw), 2);
 
-  // Unprepared rules work too, and the same key under two rules is two keys.
-  std::vector<check_request> unprepared{{.rule = &window, .key = "other"}, {.rule = &bucket, .key = "other"}};
-  auto u = b.check_all(unprepared).value();
+  // The same key under two rules is two keys.
+  std::vector<check_request> other{{.rule = fw.get(), .key = "other"}, {.rule = tb.get(), .key = "other"}};
+  auto u = b.check_all(other).value();
   EXPECT_TRUE(u[0].allowed && u[1].allowed);
   EXPECT_EQ(u[0].remaining, 1);
   EXPECT_EQ(u[1].remaining, 2);
 
   // One check alone decides as that check, but a cost no wait admits is a refusal, not an error,
   // and takes nothing.
-  std::vector<check_request> alone{{.rule = &bucket, .key = "alone", .cost = 4, .prepared = tb.get()}};
+  std::vector<check_request> alone{{.rule = tb.get(), .key = "alone", .cost = 4}};
   auto over = b.check_all(alone).value();
   EXPECT_FALSE(over[0].allowed);
   EXPECT_EQ(over[0].retry_after, never);
@@ -115,7 +117,7 @@ inline void expect_check_all_semantics(backend& b, simulated_clock& clock) {
   EXPECT_EQ(b.check_all(alone).value()[0].remaining, 1) << "the admitted check was recorded";
 
   // Asynchronously, the same.
-  std::vector<check_request> async{{.rule = &window, .key = "async", .prepared = fw.get()}};
+  std::vector<check_request> async{{.rule = fw.get(), .key = "async"}};
   std::promise<result<std::vector<decision>>> done;
   b.async_check_all(async, [&](result<std::vector<decision>> r) { done.set_value(std::move(r)); });
   auto a = done.get_future().get().value();

@@ -17,9 +17,13 @@ class MemoryBackend : public ::testing::Test {
  protected:
   testing::simulated_clock clock_;
   std::unique_ptr<memory_backend> backend_ = make_memory_backend({.clock = &clock_, .max_keys_per_rule = 1000}).value();
-  rule api_{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
-  rule tenant_api_{
-      .name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)};
+  rule api_rule_{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
+  prepared_rule_ptr api_ = backend_->prepare(api_rule_).value();
+  prepared_rule_ptr tenant_api_ =
+      backend_
+          ->prepare(
+              {.name = "tenant_api", .limit = sliding_window_policy(2, 60s), .tenant = sliding_window_policy(3, 60s)})
+          .value();
 };
 
 // Bad options are refused with a message naming the option; nothing is silently replaced.
@@ -38,13 +42,13 @@ TEST(MemoryBackendFactory, RefusesBadOptions) {
 }
 
 TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
-  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = &api_, .key = "user:1"}).value().allowed);
-  decision d = backend_->check({.rule = &api_, .key = "user:1"}).value();
+  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = api_.get(), .key = "user:1"}).value().allowed);
+  decision d = backend_->check({.rule = api_.get(), .key = "user:1"}).value();
   EXPECT_FALSE(d.allowed);
   EXPECT_EQ(d.retry_after, 200ms);
-  EXPECT_TRUE(backend_->check({.rule = &api_, .key = "user:2"}).value().allowed);
-  rule other{.name = "other", .limit = api_.limit};
-  EXPECT_TRUE(backend_->check({.rule = &other, .key = "user:1"}).value().allowed);
+  EXPECT_TRUE(backend_->check({.rule = api_.get(), .key = "user:2"}).value().allowed);
+  auto other = backend_->prepare({.name = "other", .limit = api_rule_.limit}).value();
+  EXPECT_TRUE(backend_->check({.rule = other.get(), .key = "user:1"}).value().allowed);
   EXPECT_EQ(backend_->key_count(), 3u);
 }
 
@@ -58,24 +62,24 @@ TEST_F(MemoryBackend, CheckAllOfManyKeysOfOneRule) {
   std::vector<std::string> keys;
   for (int i = 0; i < 40; ++i) keys.push_back("key" + std::to_string(i));
   std::vector<check_request> checks;
-  for (const auto& k : keys) checks.push_back({.rule = &r, .key = k, .prepared = p.get()});
+  for (const auto& k : keys) checks.push_back({.rule = p.get(), .key = k});
   auto first = backend_->check_all(checks).value();
   for (const decision& d : first) EXPECT_TRUE(d.allowed);
   // One more new key beside the 40 spent ones: refused whole, and the new key keeps its unit.
-  checks.push_back({.rule = &r, .key = "fresh", .prepared = p.get()});
+  checks.push_back({.rule = p.get(), .key = "fresh"});
   auto second = backend_->check_all(checks).value();
   for (std::size_t i = 0; i + 1 < second.size(); ++i) EXPECT_FALSE(second[i].allowed);
   EXPECT_TRUE(second.back().allowed);
-  EXPECT_TRUE(backend_->check({.rule = &r, .key = "fresh", .prepared = p.get()}).value().allowed);
+  EXPECT_TRUE(backend_->check({.rule = p.get(), .key = "fresh"}).value().allowed);
 }
 
 TEST_F(MemoryBackend, AsyncCheckCompletesWithTheSameDecision) {
   int calls = 0;
-  backend_->async_check({.rule = &api_, .key = "k", .cost = 60}, [&](result<decision> d) {
+  backend_->async_check({.rule = api_.get(), .key = "k", .cost = 60}, [&](result<decision> d) {
     ++calls;
     EXPECT_TRUE(d.value().allowed);
   });
-  backend_->async_check({.rule = &api_, .key = "k"}, [&](result<decision> d) {
+  backend_->async_check({.rule = api_.get(), .key = "k"}, [&](result<decision> d) {
     ++calls;
     EXPECT_FALSE(d.value().allowed);
   });
@@ -83,35 +87,41 @@ TEST_F(MemoryBackend, AsyncCheckCompletesWithTheSameDecision) {
 }
 
 TEST_F(MemoryBackend, DualLayerRule) {
-  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value().allowed);
-  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value().allowed);
-  decision user_full = backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "a"}).value();
+  EXPECT_TRUE(backend_->check({.rule = tenant_api_.get(), .tenant = "acme", .user = "a"}).value().allowed);
+  EXPECT_TRUE(backend_->check({.rule = tenant_api_.get(), .tenant = "acme", .user = "a"}).value().allowed);
+  decision user_full = backend_->check({.rule = tenant_api_.get(), .tenant = "acme", .user = "a"}).value();
   EXPECT_EQ(user_full.rejected_by, layer::user);
-  EXPECT_TRUE(backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "b"}).value().allowed);
-  decision tenant_full = backend_->check({.rule = &tenant_api_, .tenant = "acme", .user = "c"}).value();
+  EXPECT_TRUE(backend_->check({.rule = tenant_api_.get(), .tenant = "acme", .user = "b"}).value().allowed);
+  decision tenant_full = backend_->check({.rule = tenant_api_.get(), .tenant = "acme", .user = "c"}).value();
   EXPECT_EQ(tenant_full.rejected_by, layer::tenant);
   EXPECT_EQ(tenant_full.tenant.limit, 3);
 }
 
 TEST_F(MemoryBackend, InvalidRequestsAreErrorsAndChangeNothing) {
   EXPECT_EQ(backend_->check({.rule = nullptr, .key = "k"}).error(), errc::invalid_argument);
-  EXPECT_EQ(backend_->check({.rule = &api_, .key = ""}).error(), errc::invalid_argument);
-  EXPECT_EQ(backend_->check({.rule = &api_, .key = "k", .cost = 0}).error(), errc::invalid_argument);
-  EXPECT_EQ(backend_->check({.rule = &api_, .key = "k", .cost = 61}).error(), errc::cost_exceeds_burst);
-  EXPECT_EQ(backend_->check({.rule = &api_, .key = std::string(600, 'k')}).error(), errc::key_too_long);
-  EXPECT_EQ(backend_->check({.rule = &tenant_api_, .tenant = "acme"}).error(), errc::invalid_argument);
-  rule bad{.name = "bad", .limit = sliding_window_policy(0, 1s)};
-  EXPECT_EQ(backend_->check({.rule = &bad, .key = "k"}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = ""}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = "k", .cost = 0}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = "k", .cost = 61}).error(), errc::cost_exceeds_burst);
+  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = std::string(600, 'k')}).error(), errc::key_too_long);
+  EXPECT_EQ(backend_->check({.rule = tenant_api_.get(), .tenant = "acme"}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->prepare({.name = "bad", .limit = sliding_window_policy(0, 1s)}).error(), errc::invalid_argument);
+  auto elsewhere = make_memory_backend({.clock = &clock_}).value()->prepare(api_rule_).value();
+  EXPECT_EQ(backend_->check({.rule = elsewhere.get(), .key = "k"}).error(), errc::invalid_argument)
+      << "a rule prepared by another backend";
   EXPECT_EQ(backend_->key_count(), 0u);
 }
 
-TEST_F(MemoryBackend, ChangedRuleStartsAfreshUnchangedKeepsState) {
-  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = &api_, .key = "k"}).value().allowed);
-  rule same = api_;
-  EXPECT_FALSE(backend_->check({.rule = &same, .key = "k"}).value().allowed);
-  rule changed{.name = "api", .limit = token_bucket_policy(per_second(5), 100)};
-  EXPECT_TRUE(backend_->check({.rule = &changed, .key = "k"}).value().allowed);
-  backend_->forget_rule("api");
+// A prepared rule holds its keys' state: the same definition prepared again starts afresh, and
+// the state goes when the last holder drops it.
+TEST_F(MemoryBackend, APreparedRuleHoldsItsKeysState) {
+  for (int i = 0; i < 60; ++i) EXPECT_TRUE(backend_->check({.rule = api_.get(), .key = "k"}).value().allowed);
+  EXPECT_FALSE(backend_->check({.rule = api_.get(), .key = "k"}).value().allowed);
+  auto again = backend_->prepare(api_rule_).value();
+  EXPECT_TRUE(backend_->check({.rule = again.get(), .key = "k"}).value().allowed);
+  EXPECT_EQ(backend_->key_count(), 2u);
+  api_.reset();
+  EXPECT_EQ(backend_->key_count(), 1u);
+  again.reset();
   EXPECT_EQ(backend_->key_count(), 0u);
   EXPECT_TRUE(backend_->ready());
 }

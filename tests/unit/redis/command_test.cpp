@@ -147,7 +147,7 @@ TEST(PrepareScript, RefusesWhatItCannotComputeExactly) {
 TEST(EvalshaCommand, SingleLayerArguments) {
   const rule r{.name = "api", .limit = sliding_window_policy(100, 60s)};
   prepared_script p = prepared(r);
-  command c = evalsha_command(p, r, {.rule = &r, .key = "user:42", .cost = 3}, "app:", -1, 123456);
+  command c = evalsha_command(p, r, {.key = "user:42", .cost = 3}, "app:", -1, 123456);
   const auto& s = scripts()[p.script];
   EXPECT_EQ(decode(c.text),
             (std::vector<std::string>{"EVALSHA", s.sha1, "1", single_key("app:", "api", "user:42", "swl.60000000"), "-",
@@ -155,7 +155,7 @@ TEST(EvalshaCommand, SingleLayerArguments) {
   EXPECT_EQ(c.text.substr(0, c.header), "*10\r\n");
   EXPECT_EQ(c.text.substr(c.rest, 7), "$1\r\n1\r\n");  // numkeys: where EVAL's form continues
   // A test clock's `now`, no deadline.
-  command t = evalsha_command(p, r, {.rule = &r, .key = "k"}, "sluice:", now_us, -1);
+  command t = evalsha_command(p, r, {.key = "k"}, "sluice:", now_us, -1);
   const auto args = decode(t.text);
   EXPECT_EQ(args[4], hex(now_us));
   EXPECT_EQ(args[9], "ffffffffffffffff");  // later than any time
@@ -165,7 +165,7 @@ TEST(EvalshaCommand, SingleLayerArguments) {
 
 TEST(EvalshaCommand, SetDeadlineRewritesTheFixedWidthField) {
   const rule r{.name = "api", .limit = fixed_window_policy(3, 1min)};
-  command c = evalsha_command(prepared(r), r, {.rule = &r, .key = "k"}, "sluice:", -1, -1);
+  command c = evalsha_command(prepared(r), r, {.key = "k"}, "sluice:", -1, -1);
   const std::size_t size = c.text.size();
   set_deadline(c, 1'700'000'000'123'456);
   EXPECT_EQ(decode(c.text).back(), "000" + hex(1'700'000'000'123'456));
@@ -181,7 +181,7 @@ TEST(EvalshaCommand, SetDeadlineRewritesTheFixedWidthField) {
 TEST(EvalshaCommand, DualLayerArguments) {
   const rule r{.name = "d", .limit = fixed_window_policy(3, 1min), .tenant = fixed_window_policy(10, 1min)};
   prepared_script p = prepared(r);
-  command c = evalsha_command(p, r, {.rule = &r, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
+  command c = evalsha_command(p, r, {.tenant = "acme", .user = "bob"}, "sluice:", -1, -1);
   EXPECT_EQ(decode(c.text),
             (std::vector<std::string>{"EVALSHA", scripts()[p.script].sha1, "2",
                                       tenant_key("sluice:", "d", "acme", "fw2.60000000"),
@@ -194,7 +194,7 @@ TEST(EvalshaCommand, DualLayerArguments) {
 TEST(EvalshaCommand, HostileIdsStayOneArgument) {
   const rule r{.name = "api", .limit = fixed_window_policy(3, 1min)};
   const std::string id("a\r\n$5\r\n*1\r\n\0}{:%", 16);
-  command c = evalsha_command(prepared(r), r, {.rule = &r, .key = id}, "sluice:", -1, -1);
+  command c = evalsha_command(prepared(r), r, {.key = id}, "sluice:", -1, -1);
   const auto args = decode(c.text);
   ASSERT_EQ(args.size(), 10u);
   EXPECT_EQ(args[3], single_key("sluice:", "api", id, "fw2.60000000"));
@@ -203,7 +203,7 @@ TEST(EvalshaCommand, HostileIdsStayOneArgument) {
 TEST(EvalCommand, SendsTheBodyInPlaceOfTheHash) {
   const rule r{.name = "api", .limit = token_bucket_policy(per_second(5), 60)};
   prepared_script p = prepared(r);
-  command c = evalsha_command(p, r, {.rule = &r, .key = "k", .cost = 2}, "sluice:", -1, 99);
+  command c = evalsha_command(p, r, {.key = "k", .cost = 2}, "sluice:", -1, 99);
   auto sha = decode(c.text);
   auto eval = decode(eval_command(c, scripts()[p.script].body));
   ASSERT_EQ(eval.size(), sha.size());
@@ -555,9 +555,9 @@ TEST(BatchBuilder, KeysThenNowAndDeadlineThenEachRulesParametersOnceThenEachChec
   const prepared_script p1 = prepared(one);
   const prepared_script p2 = prepared(two);
   batch_builder b;
-  b.add(evalsha_command(p1, one, {.rule = &one, .key = "k", .cost = 2}, "sluice:", -1, -1), p1.script, 1);
-  b.add(evalsha_command(p2, two, {.rule = &two, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), p2.script, 2);
-  b.add(evalsha_command(p1, one, {.rule = &one, .key = "j"}, "sluice:", -1, -1), p1.script, 1);
+  b.add(evalsha_command(p1, one, {.key = "k", .cost = 2}, "sluice:", -1, -1), p1.script, 1);
+  b.add(evalsha_command(p2, two, {.tenant = "acme", .user = "bob"}, "sluice:", -1, -1), p2.script, 2);
+  b.add(evalsha_command(p1, one, {.key = "j"}, "sluice:", -1, -1), p1.script, 1);
   EXPECT_EQ(b.checks, 3u);
   EXPECT_EQ(decode(b.text(4242)), (std::vector<std::string>{"EVALSHA",
                                                             scripts()[batch_script].sha1,
@@ -594,12 +594,10 @@ TEST(BatchBuilder, ADualLayerRulesSetIsSharedAndACheckAllGroupIsMarkedZero) {
   const prepared_script pd = prepared(dual);
   const prepared_script p1 = prepared(one);
   batch_builder b;
-  b.add(evalsha_command(pd, dual, {.rule = &dual, .tenant = "acme", .user = "bob"}, "sluice:", -1, -1), pd.script, 2);
-  const command group =
-      all_command({evalsha_command(p1, one, {.rule = &one, .key = "k"}, "sluice:", -1, -1)}, {p1.script}, true);
+  b.add(evalsha_command(pd, dual, {.tenant = "acme", .user = "bob"}, "sluice:", -1, -1), pd.script, 2);
+  const command group = all_command({evalsha_command(p1, one, {.key = "k"}, "sluice:", -1, -1)}, {p1.script}, true);
   b.add_group(group, 1);
-  b.add(evalsha_command(pd, dual, {.rule = &dual, .tenant = "acme", .user = "eve", .cost = 3}, "sluice:", -1, -1),
-        pd.script, 2);
+  b.add(evalsha_command(pd, dual, {.tenant = "acme", .user = "eve", .cost = 3}, "sluice:", -1, -1), pd.script, 2);
   EXPECT_EQ(decode(b.text(-1)), (std::vector<std::string>{"EVALSHA",
                                                           scripts()[batch_script].sha1,
                                                           "5",

@@ -5,6 +5,9 @@
 #include <chrono>
 #include <nlohmann/json.hpp>
 
+#include "sluice/memory_backend.hpp"
+#include "sluice/rule_set.hpp"
+
 namespace sluice::server {
 namespace {
 
@@ -34,30 +37,39 @@ user_limit = 2
   return std::move(*c);
 }
 
-api_error error_of(std::string_view body, const config& c) {
-  auto r = parse_check_body(body, c);
+// The test config's rules prepared on a memory backend, as sluiced holds them.
+struct test_rules {
+  config cfg = test_config();
+  std::unique_ptr<memory_backend> backend = make_memory_backend({}).value();
+  std::shared_ptr<const rule_set> set = rule_set::build(*backend, cfg.rules, {}, nullptr).value();
+  const rule_set& operator*() const { return *set; }
+  const rule& named(std::string_view name) const { return set->find(name)->definition(); }
+};
+
+api_error error_of(std::string_view body, const test_rules& c) {
+  auto r = parse_check_body(body, *c);
   EXPECT_TRUE(std::holds_alternative<api_error>(r)) << body;
   return std::holds_alternative<api_error>(r) ? std::get<api_error>(r) : api_error{};
 }
 
 TEST(CheckBody, SingleDefaults) {
-  config c = test_config();
-  auto r = parse_check_body(R"({"key":"user:42"})", c);
+  test_rules c;
+  auto r = parse_check_body(R"({"key":"user:42"})", *c);
   ASSERT_TRUE(std::holds_alternative<check_batch>(r));
   const auto& b = std::get<check_batch>(r);
   EXPECT_FALSE(b.batch);
   ASSERT_EQ(b.items.size(), 1u);
-  EXPECT_EQ(b.items[0].rule, c.find_rule("default"));
+  EXPECT_EQ(b.items[0].rule, &c.named("default"));
   EXPECT_EQ(b.items[0].key, "user:42");
   EXPECT_EQ(b.items[0].cost, 1);
   check_request req = b.items[0].request();
   EXPECT_EQ(req.key, "user:42");
-  EXPECT_EQ(req.rule, c.find_rule("default"));
+  EXPECT_EQ(req.rule, c.set->find("default"));
 }
 
 TEST(CheckBody, DualLayer) {
-  config c = test_config();
-  auto r = parse_check_body(R"({"rule":"t","tenant":"acme","user":"bob","cost":2})", c);
+  test_rules c;
+  auto r = parse_check_body(R"({"rule":"t","tenant":"acme","user":"bob","cost":2})", *c);
   ASSERT_TRUE(std::holds_alternative<check_batch>(r));
   const auto& item = std::get<check_batch>(r).items[0];
   EXPECT_EQ(item.tenant, "acme");
@@ -66,33 +78,16 @@ TEST(CheckBody, DualLayer) {
 }
 
 TEST(CheckBody, Errors) {
-  config c = test_config();
-  for (const char* body : {"",
-                           "{",
-                           "[]",
-                           "1",
-                           "null",
-                           R"({"key":1})",
-                           R"({"key":"k","cost":"1"})",
-                           R"({"key":"k","cost":1.0})",
-                           R"({"key":"k","cost":0})",
-                           R"({"key":"k","cost":-1})",
-                           R"({"key":"k","cost":6})",
-                           R"({"key":"k","cost":18446744073709551615})",
-                           R"({})",
-                           R"({"key":""})",
-                           R"({"key":"k","x":1})",
-                           R"({"rule":"t","key":"k"})",
-                           R"({"rule":"t","tenant":"a"})",
-                           R"({"key":"k","tenant":"a"})",
-                           R"({"checks":[]})",
-                           R"({"checks":{}})",
-                           R"({"checks":[{"key":"a"}],"key":"b"})"}) {
+  test_rules c;
+  for (const char* body :
+       {"", "{", "[]", "1", "null", R"({"key":1})", R"({"key":"k","cost":"1"})", R"({"key":"k","cost":1.0})",
+        R"({"key":"k","cost":18446744073709551615})", R"({})", R"({"key":"k","x":1})", R"({"rule":"t","key":"k"})",
+        R"({"rule":"t","tenant":"a"})", R"({"key":"k","tenant":"a"})", R"({"checks":[]})", R"({"checks":{}})",
+        R"({"checks":[{"key":"a"}],"key":"b"})"}) {
     api_error e = error_of(body, c);
     EXPECT_EQ(e.status, 400) << body;
     EXPECT_EQ(e.code, "invalid_request") << body;
   }
-  EXPECT_EQ(error_of(R"({"key":")" + std::string(513, 'k') + R"("})", c).code, "invalid_request");
   api_error unknown = error_of(R"({"rule":"nope","key":"k"})", c);
   EXPECT_EQ(unknown.status, 404);
   EXPECT_EQ(unknown.code, "unknown_rule");
@@ -100,9 +95,27 @@ TEST(CheckBody, Errors) {
   EXPECT_EQ(big.status, 413);
 }
 
+// Parsing reads shapes; a value out of range is the backend's to refuse, as for every check: a 400
+// through api_error_of, and nothing recorded.
+TEST(CheckBody, ValuesAreRefusedByTheCheck) {
+  test_rules c;
+  for (const std::string& body :
+       std::vector<std::string>{R"({"key":"k","cost":0})", R"({"key":"k","cost":-1})", R"({"key":"k","cost":6})",
+                                R"({"key":""})", R"({"key":")" + std::string(513, 'k') + R"("})"}) {
+    auto r = parse_check_body(body, *c);
+    ASSERT_TRUE(std::holds_alternative<check_batch>(r)) << body;
+    auto d = c.backend->check(std::get<check_batch>(r).items[0].request());
+    ASSERT_FALSE(d.ok()) << body;
+    EXPECT_EQ(d.error().code, condition::invalid_request) << body;
+    EXPECT_EQ(api_error_of(d.error()).status, 400) << body;
+    EXPECT_EQ(api_error_of(d.error()).code, "invalid_request") << body;
+  }
+  EXPECT_EQ(c.backend->key_count(), 0u);
+}
+
 TEST(CheckBody, BatchItemsCarryTheirOwnErrors) {
-  config c = test_config();
-  auto r = parse_check_body(R"({"checks":[{"key":"a"},{"rule":"nope","key":"b"},{"cost":0,"key":"c"},7]})", c);
+  test_rules c;
+  auto r = parse_check_body(R"({"checks":[{"key":"a"},{"rule":"nope","key":"b"},{"cost":"0","key":"c"},7]})", *c);
   ASSERT_TRUE(std::holds_alternative<check_batch>(r));
   const auto& b = std::get<check_batch>(r);
   EXPECT_TRUE(b.batch);
@@ -118,9 +131,9 @@ TEST(CheckBody, BatchItemsCarryTheirOwnErrors) {
 }
 
 TEST(Render, Decision) {
-  config c = test_config();
+  test_rules c;
   decision d{.allowed = false, .limit = 3, .remaining = 0, .retry_after = 1500us, .reset_after = 60s};
-  json j = json::parse(render_decision(*c.find_rule("ai"), d));
+  json j = json::parse(render_decision(c.named("ai"), d));
   EXPECT_EQ(j,
             json::parse(
                 R"({"allowed":false,"rule":"ai","limit":3,"remaining":0,"retry_after_ms":2,"reset_after_ms":60000})"));
@@ -133,12 +146,12 @@ TEST(Render, Decision) {
                 .rejected_by = layer::tenant,
                 .tenant = {10, 0},
                 .user = {2, 1}};
-  j = json::parse(render_decision(*c.find_rule("t"), dual));
+  j = json::parse(render_decision(c.named("t"), dual));
   EXPECT_EQ(j["layers"], json::parse(R"({"tenant":{"limit":10,"remaining":0},"user":{"limit":2,"remaining":1}})"));
   EXPECT_EQ(j["rejected_by"], "tenant");
   EXPECT_FALSE(j.contains("source"));
   decision open{.allowed = true, .limit = 3, .remaining = 3, .source = decision_source::fail_open};
-  EXPECT_EQ(json::parse(render_decision(*c.find_rule("ai"), open))["source"], "fail_open");
+  EXPECT_EQ(json::parse(render_decision(c.named("ai"), open))["source"], "fail_open");
 }
 
 TEST(Render, ErrorEscapesAnything) {
@@ -156,19 +169,24 @@ TEST(Render, Milliseconds) {
 }
 
 TEST(Render, DisabledDecisionAdmitsWithFullCapacity) {
-  config c = test_config();
-  decision d = disabled_decision(*c.find_rule("t"));
+  test_rules c;
+  decision d = disabled_decision(c.named("t"));
   EXPECT_TRUE(d.allowed);
   EXPECT_EQ(d.source, decision_source::disabled);
   EXPECT_EQ(d.remaining, 2);
   EXPECT_EQ(d.tenant.remaining, 10);
 }
 
-TEST(BackendError, MapsCodes) {
-  EXPECT_EQ(backend_error(error(errc::backend_timeout, "t")).status, 503);
-  EXPECT_EQ(backend_error(error(errc::backend_timeout, "t")).code, "backend_timeout");
-  EXPECT_EQ(backend_error(error(errc::backend_unavailable, "t")).code, "backend_unavailable");
-  EXPECT_EQ(backend_error(error(errc::key_too_long, "t")).status, 400);
+TEST(ApiErrorOf, ReadsTheConditions) {
+  EXPECT_EQ(api_error_of(error(errc::backend_timeout, "t")).status, 503);
+  EXPECT_EQ(api_error_of(error(errc::backend_timeout, "t")).code, "backend_timeout");
+  EXPECT_EQ(api_error_of(error(errc::backend_unavailable, "t")).code, "backend_unavailable");
+  EXPECT_EQ(api_error_of(error(errc::backend_overloaded, "t")).code, "backend_overloaded");
+  EXPECT_EQ(api_error_of(error(errc::capacity_exhausted, "t")).status, 429);
+  for (errc e : {errc::invalid_argument, errc::key_too_long, errc::cost_exceeds_burst, errc::unknown_rule}) {
+    EXPECT_EQ(api_error_of(error(e, "t")).status, 400) << static_cast<int>(e);
+    EXPECT_EQ(api_error_of(error(e, "t")).code, "invalid_request") << static_cast<int>(e);
+  }
 }
 
 }  // namespace
