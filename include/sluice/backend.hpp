@@ -102,6 +102,10 @@ class backend {
  public:
   virtual ~backend() = default;
 
+  /// What prepare() would refuse `r` for, found without making anything: a config's rules are
+  /// checked with it before any is prepared. Default: validate(r).
+  virtual result<void> validate_rule(const rule& r) const;
+
   /// Validates `r` and makes, once, what checks of it need on this backend. Errors name the bad
   /// parameter, and nothing changes. Default: the rule, validated, and nothing else.
   virtual result<prepared_rule_ptr> prepare(const rule& r);

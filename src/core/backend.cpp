@@ -6,8 +6,10 @@
 
 namespace sluice {
 
+result<void> backend::validate_rule(const rule& r) const { return validate(r); }
+
 result<prepared_rule_ptr> backend::prepare(const rule& r) {
-  if (auto v = validate(r); !v) return v.error();
+  if (auto v = validate_rule(r); !v) return v.error();
   return prepared_rule_ptr(std::make_shared<prepared_rule>(r, this));
 }
 

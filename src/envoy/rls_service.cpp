@@ -84,16 +84,6 @@ rls_service::rls_service(backend& b, rls_options o)
 
 rls_service::~rls_service() = default;
 
-void rls_service::set_rules(std::shared_ptr<const rls_rules> rules) {
-  std::lock_guard lock(mutex_);
-  rules_ = std::move(rules);
-}
-
-std::shared_ptr<const rls_rules> rls_service::rules() const {
-  std::lock_guard lock(mutex_);
-  return rules_;
-}
-
 void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse& resp, done_handler done) {
   auto reject = [&](grpc::Status s) {
     invalid_.fetch_add(1, std::memory_order_relaxed);
@@ -108,7 +98,8 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   auto c = std::make_shared<call>();
   c->req = &req;
   c->resp = &resp;
-  c->rules = rules();
+  thread_local published<rls_rules>::view rules_view;  // each io thread's: no lock per call
+  c->rules = rules_.read(rules_view);
   const rls_domain* domain = c->rules ? c->rules->find(req.domain()) : nullptr;
   const int n = req.descriptors_size();
   c->keys.resize(static_cast<std::size_t>(n));

@@ -24,6 +24,7 @@
 #include <set>
 #include <string>
 
+#include "core/published.hpp"
 #include "envoy/rls_rules.hpp"
 #include "envoy/service/ratelimit/v3/rls.pb.h"
 #include "sluice/backend.hpp"
@@ -49,8 +50,9 @@ class rls_service {
   rls_service(backend& b, rls_options o);
   ~rls_service();
 
-  void set_rules(std::shared_ptr<const rls_rules> rules);
-  std::shared_ptr<const rls_rules> rules() const;
+  /// Calls from now on decide with `rules`; calls already deciding keep theirs.
+  void set_rules(std::shared_ptr<const rls_rules> rules) { rules_.publish(std::move(rules)); }
+  std::shared_ptr<const rls_rules> rules() const { return rules_.load(); }
   counter_registry& counters() noexcept { return counters_; }
 
   /// Decides `req` into `resp` (both valid until `done` runs), then calls `done`: inline on an
@@ -75,10 +77,10 @@ class rls_service {
   backend& backend_;
   const rls_options options_;
   counter_registry counters_;
-  mutable std::mutex mutex_;
-  std::shared_ptr<const rls_rules> rules_;  // guarded by mutex_
+  published<rls_rules> rules_{nullptr};
   // Overrides: each (domain, unit) has a base rule holding the state, and each requests_per_unit
   // an override of it over that state (backend::prepare_override). Guarded by mutex_.
+  std::mutex mutex_;
   std::map<std::pair<std::string, unit>, prepared_rule_ptr> override_bases_;
   std::map<std::tuple<std::string, unit, std::uint32_t>, std::shared_ptr<const override_limit>> overrides_;
   std::map<std::string, prepared_rule_ptr> deny_rules_;  // requests_per_unit 0, per domain

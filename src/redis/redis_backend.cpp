@@ -76,6 +76,11 @@ class redis_backend_impl final : public redis_backend {
     return prepared_rule_ptr(std::move(*p));
   }
 
+  result<void> validate_rule(const rule& r) const override {
+    if (auto v = validate(r); !v) return v;
+    return validate_for_redis(r);
+  }
+
   bool ready() override { return core_->ready(); }
   void give_back_leases() override { core_->give_back_leases(); }
   redis_backend_stats stats() const override { return core_->stats(); }

@@ -3,6 +3,9 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
+
+#include "core/published.hpp"
 
 #include "server/etcd_source.hpp"
 #include "server/rule_sources.hpp"
@@ -14,11 +17,7 @@ struct etcd_rule_source::impl {
       : backend_(b),
         defaults(std::move(d)),
         on_rules(std::move(cb)),
-        rules(prefix, [this](const rule& r) -> result<void> {
-          auto p = backend_.prepare(r);
-          if (!p) return p.error();
-          return {};
-        }) {}
+        rules(prefix, [this](const rule& r) { return backend_.validate_rule(r); }) {}
 
   // On the source's thread: waits for a change, applies it, delivers the new set.
   void run() {
@@ -35,38 +34,33 @@ struct etcd_rule_source::impl {
 
   void apply() {
     etcd_source::state state = source->read();
-    bool changed = false;
-    const std::size_t rejected = rules.apply(state.values, changed).size();
-    std::shared_ptr<const rule_set> next;
-    if (changed) {
-      auto built = rule_set::build(backend_, merge_rules(defaults, &rules).rules, {.source = "etcd"}, current().get());
-      if (built) next = std::move(*built);
-    }
+    rule_source_status before;
     {
       std::lock_guard lock(mu);
-      status = state.status;
-      errors += rejected + (changed && !next ? 1 : 0);
-      if (next) in_force = next;
+      before = std::exchange(status, state.status);
     }
-    if (next) on_rules(std::move(next));
-  }
-
-  std::shared_ptr<const rule_set> current() const {
-    std::lock_guard lock(mu);
-    return in_force;
+    if (!follow_etcd(rules, state.values, state.status, before, errors)) return;
+    auto next =
+        rule_set::build(backend_, merge_rules(defaults, &rules).rules, {.source = "etcd"}, in_force.load().get());
+    if (!next) {
+      errors.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    in_force.publish(*next);
+    if (on_rules) on_rules(std::move(*next));
   }
 
   backend& backend_;
   const std::vector<rule> defaults;
   const callback on_rules;
   etcd_rules rules;  // the source's thread only
+  published<rule_set> in_force{nullptr};
+  std::atomic<std::uint64_t> errors{0};
   mutable std::mutex mu;
   std::condition_variable wake;
   bool pending = false;                                           // guarded by mu
   bool stop = false;                                              // guarded by mu
-  std::shared_ptr<const rule_set> in_force;                       // guarded by mu
   rule_source_status status{.name = "etcd", .connected = false};  // guarded by mu
-  std::uint64_t errors = 0;                                       // guarded by mu
   std::unique_ptr<etcd_source> source;                            // its thread calls `wake`: destroyed before the rest
   std::thread thread;
 };
@@ -76,8 +70,8 @@ result<std::unique_ptr<etcd_rule_source>> etcd_rule_source::start(const etcd_set
   auto first = rule_set::build(b, defaults, {.source = "defaults"}, nullptr);
   if (!first) return first.error();
   auto p = std::make_unique<impl>(b, std::move(defaults), std::move(on_rules), settings.options.prefix);
-  p->in_force = *first;
-  p->on_rules(std::move(*first));
+  p->in_force.publish(*first);
+  if (p->on_rules) p->on_rules(std::move(*first));
   impl* self = p.get();
   auto source = etcd_source::start(settings, [self] {
     std::lock_guard lock(self->mu);
@@ -102,16 +96,16 @@ etcd_rule_source::~etcd_rule_source() {
   impl_->source.reset();  // joins the watcher's thread, the last to touch `wake`
 }
 
-std::shared_ptr<const rule_set> etcd_rule_source::current() const { return impl_->current(); }
+std::shared_ptr<const rule_set> etcd_rule_source::current() const {
+  thread_local published<rule_set>::view view;  // each reading thread's: no lock per check
+  return impl_->in_force.read(view);
+}
 
 rule_source_status etcd_rule_source::status() const {
   std::lock_guard lock(impl_->mu);
   return impl_->status;
 }
 
-std::uint64_t etcd_rule_source::errors() const {
-  std::lock_guard lock(impl_->mu);
-  return impl_->errors;
-}
+std::uint64_t etcd_rule_source::errors() const { return impl_->errors.load(std::memory_order_relaxed); }
 
 }  // namespace sluice::server

@@ -2,6 +2,9 @@
 
 #include <set>
 
+#include <spdlog/spdlog.h>
+
+#include "core/log_value.hpp"
 #include "sluice/server/config.hpp"
 
 namespace sluice::server {
@@ -133,6 +136,22 @@ merged_rules merge_rules(const std::vector<rule>& file_rules, const etcd_rules* 
     out.origins.push_back({"etcd", e.key, e.mod_revision});
   }
   return out;
+}
+
+bool follow_etcd(etcd_rules& rules, const std::vector<etcd_value>& values, const rule_source_status& now,
+                 const rule_source_status& before, std::atomic<std::uint64_t>& errors) {
+  if (now.connected && !before.connected) {
+    spdlog::info("event=config_source_up source=etcd revision={}", now.revision);
+  } else if (!now.connected && (before.connected || before.detail.empty())) {  // lost, or down since the start
+    spdlog::warn("event=config_source_down source=etcd error={}", log_value(now.detail));
+  }
+  bool changed = false;
+  for (const rejected_value& r : rules.apply(values, changed)) {
+    errors.fetch_add(1, std::memory_order_relaxed);
+    spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key), r.mod_revision,
+                  log_value(r.reason));
+  }
+  return changed;
 }
 
 }  // namespace sluice::server

@@ -2,6 +2,7 @@
 // file's, each overridden by an etcd rule of the same name, then the rules only etcd has.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -81,5 +82,13 @@ struct merged_rules {
 /// The file's rules in their order, each replaced by etcd's rule of the same name, then etcd's
 /// other rules by name.
 merged_rules merge_rules(const std::vector<rule>& file_rules, const etcd_rules* etcd);
+
+/// One reading of etcd's prefix (`values`, the watch's status `now`) taken by `rules`: the one way
+/// sluiced and etcd_rule_source follow etcd. Each rejected version is logged once
+/// (event=config_rejected) and counted in `errors`; the watch going up or down since `before` is
+/// logged (event=config_source_up / config_source_down). Returns whether the rules or overrides
+/// changed.
+bool follow_etcd(etcd_rules& rules, const std::vector<etcd_value>& values, const rule_source_status& now,
+                 const rule_source_status& before, std::atomic<std::uint64_t>& errors);
 
 }  // namespace sluice::server

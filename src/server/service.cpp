@@ -334,11 +334,7 @@ bool service::publish(config settings, std::string_view trigger) {
   const std::size_t rules = snap->rules->size();
   const std::size_t changed = rules - snap->rules->kept();
   const std::size_t overrides = snap->override_count;
-  {
-    std::lock_guard lock(mu_);
-    current_ = std::move(snap);
-    version_.fetch_add(1, std::memory_order_release);
-  }
+  current_.publish(std::move(snap));
   spdlog::info("event=reload result=success trigger={} rules={} overrides={} enabled={} changed_rules={} version={}",
                trigger, rules, overrides, enabled, changed, current()->rules->version());
   return true;
@@ -353,11 +349,8 @@ result<void> service::start_envoy(const envoy_settings& settings, const server_s
 }
 
 result<void> service::start_etcd(const etcd_settings& settings) {
-  etcd_rules_ = std::make_unique<etcd_rules>(settings.options.prefix, [this](const rule& r) -> result<void> {
-    auto prepared = backend_->prepare(r);
-    if (!prepared) return prepared.error();
-    return {};
-  });
+  etcd_rules_ = std::make_unique<etcd_rules>(settings.options.prefix,
+                                             [this](const rule& r) { return backend_->validate_rule(r); });
   auto source = etcd_source::start(settings, [this] { asio::post(ioc_, [this] { apply_etcd(); }); });
   if (!source) return source.error();
   etcd_ = std::move(*source);
@@ -373,19 +366,7 @@ void service::apply_etcd() {
     std::lock_guard lock(status_mu_);
     before = std::exchange(etcd_status_, state.status);
   }
-  const rule_source_status& now = state.status;
-  if (now.connected && !before.connected) {
-    spdlog::info("event=config_source_up source=etcd revision={}", now.revision);
-  } else if (!now.connected && (before.connected || before.detail.empty())) {  // lost, or down since the start
-    spdlog::warn("event=config_source_down source=etcd error={}", log_value(now.detail));
-  }
-  bool changed = false;
-  for (const rejected_value& r : etcd_rules_->apply(state.values, changed)) {
-    etcd_errors_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::error("event=config_rejected source=etcd key={} mod_revision={} error={}", log_value(r.key), r.mod_revision,
-                  log_value(r.reason));
-  }
-  if (!changed) return;
+  if (!follow_etcd(*etcd_rules_, state.values, state.status, before, etcd_errors_)) return;
   config settings = current()->cfg;
   settings.rules = file_rules_;
   settings.overrides = file_overrides_;

@@ -38,31 +38,18 @@ class service {
         config_file_(std::move(config_path)),
         backend_(std::move(b)),
         metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
-        current_(std::move(snap)),
-        file_rules_(current_->cfg.rules),
-        file_overrides_(current_->cfg.overrides),
+        current_(snap),
+        file_rules_(snap->cfg.rules),
+        file_overrides_(snap->cfg.overrides),
         acceptor_(ioc_),
         signals_(ioc_, SIGTERM, SIGINT, SIGHUP),
         watch_timer_(ioc_),
         drain_timer_(ioc_) {}
 
-  std::shared_ptr<const snapshot> current() {
-    std::lock_guard lock(mu_);
-    return current_;
-  }
+  std::shared_ptr<const snapshot> current() const { return current_.load(); }
 
-  // The current config as seen from worker `w`: one atomic load per request, and the lock only
-  // after a reload. The pointer shares a control block private to the worker, so copying it does
-  // not bounce a reference count between cores.
-  const std::shared_ptr<const snapshot>& current_for(worker& w) {
-    if (w.version != version_.load(std::memory_order_acquire)) {
-      std::lock_guard lock(mu_);
-      auto holder = std::make_shared<std::shared_ptr<const snapshot>>(current_);
-      w.snap = std::shared_ptr<const snapshot>(holder, holder->get());
-      w.version = version_.load(std::memory_order_relaxed);
-    }
-    return w.snap;
-  }
+  // The current config as seen from worker `w`: one atomic load per request (published::read).
+  const std::shared_ptr<const snapshot>& current_for(worker& w) const { return current_.read(w.snap); }
   sluice::backend& backend() { return *backend_; }
   server::metrics& stats() { return metrics_; }
   rejection_log& rejections() { return rejections_; }
@@ -129,9 +116,7 @@ class service {
   asio::io_context ioc_{1};
   std::unique_ptr<sluice::backend> backend_;
   server::metrics metrics_;
-  std::mutex mu_;
-  std::shared_ptr<const snapshot> current_;
-  std::atomic<std::uint64_t> version_{0};
+  published<snapshot> current_;
   std::mutex reload_mu_;
   // Guarded by reload_mu_: the file's rules as last loaded, and etcd's (null without [etcd]).
   std::vector<rule> file_rules_;

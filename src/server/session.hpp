@@ -18,6 +18,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/published.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/server/api.hpp"
 #include "server/request_limits.hpp"
@@ -51,10 +52,8 @@ struct worker {
   asio::io_context io{1};
   asio::steady_timer sweep_timer{io};
   std::vector<std::weak_ptr<session>> sessions;
-  // This thread's reference to the current config, with its own reference count (see
-  // service::current_for), and the config version it holds.
-  std::shared_ptr<const snapshot> snap;
-  std::uint64_t version = std::numeric_limits<std::uint64_t>::max();
+  // This thread's view of the current config (service::current_for).
+  published<snapshot>::view snap;
 };
 
 // Coarse monotonic nanoseconds: deadlines need ~ms precision and are read on every request.
