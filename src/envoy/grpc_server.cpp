@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/composite_key.hpp"
 #include "sluice/clock.hpp"
 #include "sluice/host_port.hpp"
 
@@ -49,21 +50,16 @@ nghttp2_nv field(std::string_view name, std::string_view value) {
           NGHTTP2_NV_FLAG_NONE};
 }
 
-// grpc-message is percent-encoded (gRPC over HTTP/2, "Responses").
+// grpc-message is percent-encoded (gRPC over HTTP/2, "Responses"): printable ASCII but '%' is kept.
 std::string percent_encoded(std::string_view s) {
-  static constexpr char hex[] = "0123456789ABCDEF";
+  static constexpr detail::kept_bytes kept = [] {
+    detail::kept_bytes t{};
+    for (int b = 0x20; b <= 0x7e; ++b) t[static_cast<std::size_t>(b)] = b != '%';
+    return t;
+  }();
   std::string out;
   out.reserve(s.size());
-  for (const char ch : s) {
-    const auto b = static_cast<unsigned char>(ch);
-    if (b < 0x20 || b > 0x7e || b == '%') {
-      out += '%';
-      out += hex[b >> 4];
-      out += hex[b & 0xf];
-    } else {
-      out += ch;
-    }
-  }
+  detail::append_percent_encoded(out, s, kept);
   return out;
 }
 

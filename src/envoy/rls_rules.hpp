@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/composite_key.hpp"
 #include "envoy/domain_config.hpp"
 #include "sluice/backend.hpp"
 #include "sluice/rule_set.hpp"
@@ -60,11 +61,7 @@ struct rls_limit {
   const prepared_rule* prepared = nullptr;  ///< Null for unlimited ones; owned by the rule set.
 };
 
-// Heterogeneous lookup: a request's key finds its node without a copy.
-struct name_hash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
+using name_hash = detail::string_hash;  // a request's key finds its node without a copy
 
 struct rls_node {
   std::vector<rls_limit> limits;

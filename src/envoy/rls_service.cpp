@@ -24,14 +24,6 @@ grpc::Status status_of(const error& e) {
   return {grpc::StatusCode::UNAVAILABLE, e.message};
 }
 
-// A descriptor's counter key: its entries' keys and values, each length-prefixed, so that no
-// value can make two descriptors share a counter.
-void append_counted(std::string& out, std::string_view s) {
-  out += std::to_string(s.size());
-  out += ':';
-  out += s;
-}
-
 std::uint32_t as_uint32(std::int64_t v) {
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>(v, 0, UINT32_MAX));
 }
@@ -117,8 +109,9 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
     for (const auto& e : d.entries()) {
       if (e.key().empty()) return reject(invalid(which + " has an entry with an empty key"));
       entries.push_back({e.key(), e.value()});
-      append_counted(key, e.key());
-      append_counted(key, e.value());
+      // Each length-prefixed: no value can make two descriptors share a counter.
+      detail::append_counted(key, e.key());
+      detail::append_counted(key, e.value());
     }
     if (key.size() > max_key_length) return reject(invalid(which + ": its entries are longer than 512 bytes"));
     std::uint64_t hits = req.hits_addend() == 0 ? 1 : req.hits_addend();

@@ -3,31 +3,20 @@
 #include <array>
 #include <chrono>
 
+#include "core/composite_key.hpp"
+
 namespace sluice::detail {
 
 namespace {
 
 // Bytes an id keeps as they are: printable ASCII but for the key syntax's `{ } :` and the escape `%`.
-constexpr std::array<bool, 256> kept_bytes = [] {
-  std::array<bool, 256> t{};
+constexpr kept_bytes id_kept = [] {
+  kept_bytes t{};
   for (int b = 0x21; b < 0x7f; ++b) t[static_cast<std::size_t>(b)] = b != '{' && b != '}' && b != ':' && b != '%';
   return t;
 }();
 
-// Appends `id` percent-encoded, its kept bytes a run at a time.
-void append_id(std::string& out, std::string_view id) {
-  static constexpr char hex[] = "0123456789ABCDEF";
-  std::size_t run = 0;
-  for (std::size_t i = 0; i < id.size(); ++i) {
-    const auto b = static_cast<unsigned char>(id[i]);
-    if (kept_bytes[b]) continue;
-    out.append(id.data() + run, i - run);
-    const char escaped[3] = {'%', hex[b >> 4], hex[b & 0xf]};
-    out.append(escaped, 3);
-    run = i + 1;
-  }
-  out.append(id.data() + run, id.size() - run);
-}
+void append_id(std::string& out, std::string_view id) { append_percent_encoded(out, id, id_kept); }
 
 }  // namespace
 

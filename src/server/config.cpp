@@ -41,7 +41,7 @@ TOML_IMPL_NAMESPACE_END;
 #pragma pop_macro("NDEBUG")
 #include <nlohmann/json.hpp>
 
-namespace sluice {
+namespace sluice::server {
 
 namespace {
 
@@ -925,4 +925,4 @@ result<config> load_config(const std::string& path) {
   return parse_config(*text, path);
 }
 
-}  // namespace sluice
+}  // namespace sluice::server

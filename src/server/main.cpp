@@ -8,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/server/config.hpp"
+#include "sluice/server/backend_factory.hpp"
 #include "sluice/server/server.hpp"
 
 #ifndef SLUICE_VERSION
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
   spdlog::flush_on(spdlog::level::info);
 
   if (check_only) {
-    auto cfg = sluice::load_config(config_path);
+    auto cfg = sluice::server::load_config(config_path);
     if (cfg) {
       if (auto s = sluice::server::check_servable(*cfg); !s) cfg = s.error();
     }
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cout << config_path << ": ok (" << cfg->rules.size() << " rules, backend "
-              << sluice::to_string(cfg->backend.type) << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
+              << sluice::server::to_string(cfg->backend.type) << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
     return 0;
   }
   sluice::server::server_options options;

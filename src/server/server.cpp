@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/host_port.hpp"
+#include "sluice/server/backend_factory.hpp"
 #include "server/log_fields.hpp"
 #include "server/service.hpp"
 

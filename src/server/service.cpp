@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/prometheus.hpp"
+#include "sluice/server/backend_factory.hpp"
 #include "sluice/server/server.hpp"
 #include "server/rule_sources.hpp"
 

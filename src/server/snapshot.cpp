@@ -5,14 +5,6 @@
 
 namespace sluice::server {
 
-std::string tenant_user_key(std::string_view tenant, std::string_view user) {
-  std::string k = std::to_string(tenant.size());
-  k += ':';
-  k += tenant;
-  k += user;
-  return k;
-}
-
 const prepared_rule& snapshot::prepared_for(const check_item& item) const {
   const std::size_t i = item.rule_index;
   const override_map& own = overrides[i];
@@ -20,7 +12,7 @@ const prepared_rule& snapshot::prepared_for(const check_item& item) const {
     if (!item.rule->is_dual_layer()) {
       if (auto it = own.find(std::string_view(item.key)); it != own.end()) return *it->second;
     } else {
-      if (auto it = own.find(tenant_user_key(item.tenant, item.user)); it != own.end()) return *it->second;
+      if (auto it = own.find(detail::pair_key(item.tenant, item.user)); it != own.end()) return *it->second;
       if (auto it = own.find(std::string_view(item.tenant)); it != own.end()) return *it->second;
     }
   }
@@ -62,7 +54,7 @@ result<built_snapshot> make_snapshot(config cfg, std::vector<rule_origin> origin
       out.rejected_overrides.push_back(p.error().message);
       continue;
     }
-    std::string key = !o.key.empty() ? o.key : o.user.empty() ? o.tenant : tenant_user_key(o.tenant, o.user);
+    std::string key = !o.key.empty() ? o.key : o.user.empty() ? o.tenant : detail::pair_key(o.tenant, o.user);
     if (!s->overrides[i].emplace(std::move(key), std::move(*p)).second) {
       out.rejected_overrides.push_back(o.source + ": another override in force has the same rule and key");
       continue;

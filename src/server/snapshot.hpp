@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/composite_key.hpp"
 #include "sluice/backend.hpp"
 #include "sluice/error.hpp"
 #include "sluice/http/headers.hpp"
@@ -18,12 +19,8 @@
 
 namespace sluice::server {
 
-// Heterogeneous lookup: a check's key finds its override without a copy.
-struct string_hash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
-using override_map = std::unordered_map<std::string, prepared_rule_ptr, string_hash, std::equal_to<>>;
+// A check's key finds its override without a copy.
+using override_map = std::unordered_map<std::string, prepared_rule_ptr, detail::string_hash, std::equal_to<>>;
 
 // One loaded configuration and what is derived from it: its rules prepared on the backend, in the
 // config's order (rules->rules()[i] is cfg.rules[i]), so a check finds its prepared rule by index.
@@ -32,7 +29,7 @@ struct snapshot {
   std::vector<rule_origin> origins;  // where each of cfg.rules came from
   std::shared_ptr<const rule_set> rules;
   // Per rule (index-aligned with cfg.rules): its overrides by key — single-layer rules — or by
-  // tenant and by tenant_user_key(tenant, user) — dual-layer rules. Empty for most rules.
+  // tenant and by detail::pair_key(tenant, user) — dual-layer rules. Empty for most rules.
   std::vector<override_map> overrides;
   std::size_t override_count = 0;
   sluice::http::header_options headers;
@@ -41,8 +38,6 @@ struct snapshot {
   // the rule has overrides (two for a dual-layer rule), none otherwise.
   const prepared_rule& prepared_for(const check_item& item) const;
 };
-
-std::string tenant_user_key(std::string_view tenant, std::string_view user);
 
 struct built_snapshot {
   std::shared_ptr<const snapshot> snap;

@@ -19,6 +19,7 @@
 #include "demo.hpp"
 #include "simulation.hpp"
 #include "sluice/server/config.hpp"
+#include "sluice/server/backend_factory.hpp"
 #include "sluice/server/server.hpp"
 #include "traffic.hpp"
 
@@ -27,6 +28,7 @@ extern char** environ;
 namespace {
 
 using namespace sluice;
+using sluice::server::load_config;
 
 int fail(const std::string& message) {
   std::cerr << "sluice: " << message << '\n';

@@ -37,7 +37,7 @@
 #include "sluice/policy.hpp"
 #include "sluice/redis_options.hpp"
 
-namespace sluice {
+namespace sluice::server {
 
 /// Where limiter state lives.
 enum class backend_type : std::uint8_t { memory, redis, redis_cluster };
@@ -197,4 +197,4 @@ result<rule_override> parse_override_json(std::string_view json_text, std::strin
 /// Reads and parses a file. A missing or unreadable file is an error naming it.
 result<config> load_config(const std::string& path);
 
-}  // namespace sluice
+}  // namespace sluice::server

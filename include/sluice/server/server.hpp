@@ -10,13 +10,8 @@
 // Thread-safe: run() is called once per process; it owns its threads.
 #pragma once
 
-#include <memory>
 #include <optional>
 #include <string>
-
-#include "sluice/backend.hpp"
-#include "sluice/server/config.hpp"
-#include "sluice/error.hpp"
 
 namespace sluice::server {
 
@@ -26,14 +21,6 @@ struct server_options {
   /// Overrides [server] listen ("host:port"). Default: none.
   std::optional<std::string> listen;
 };
-
-/// The backend `settings` describe: memory, or redis when sluiced was built with Redis support.
-/// redis_cluster is not supported yet (an error that says so).
-result<std::unique_ptr<backend>> make_backend(const backend_settings& settings);
-
-/// Checks that `cfg` can be served by this build (backend type available). Parsing errors are
-/// already reported by load_config.
-result<void> check_servable(const config& cfg);
 
 /// Loads the config, listens, serves until SIGTERM/SIGINT, drains in-flight requests and returns
 /// 0; returns 1 when the config cannot be loaded or the address cannot be bound.

@@ -7,7 +7,7 @@
 #include <chrono>
 #include <string>
 
-namespace sluice {
+namespace sluice::server {
 namespace {
 
 using namespace std::chrono_literals;
@@ -386,9 +386,9 @@ max_detailed_labels = 7
 }
 
 }  // namespace
-}  // namespace sluice
+}  // namespace sluice::server
 
-namespace sluice {
+namespace sluice::server {
 namespace {
 
 // Found by fuzz/fuzz_config: toml++ 3.3 asserted on a table header that does not start a key.
@@ -401,9 +401,9 @@ TEST(Config, TableHeaderWithoutKeyStartIsAnError) {
 }
 
 }  // namespace
-}  // namespace sluice
+}  // namespace sluice::server
 
-namespace sluice {
+namespace sluice::server {
 namespace {
 
 // Found by fuzz/fuzz_config: toml++ 3.3 reached __builtin_unreachable classifying some non-ASCII
@@ -424,11 +424,11 @@ TEST(Config, NonAsciiBetweenTokensIsAnError) {
 }
 
 }  // namespace
-}  // namespace sluice
+}  // namespace sluice::server
 
-#include "sluice/server/server.hpp"
+#include "sluice/server/backend_factory.hpp"
 
-namespace sluice {
+namespace sluice::server {
 namespace {
 
 // A Redis backend cannot compute rates above 10^6 per second exactly: such a config is refused at
@@ -556,4 +556,4 @@ TEST(Config, Overrides) {
 }
 
 }  // namespace
-}  // namespace sluice
+}  // namespace sluice::server

@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/composite_key.hpp"
 #include "keyed/keyed_table.hpp"
 #include "sluice/limiter_state.hpp"
 
@@ -26,15 +27,6 @@ struct keyed_limiter::impl {
 };
 
 namespace {
-
-// An unambiguous key for a (tenant, user) pair: the tenant's length first.
-std::string pair_key(std::string_view tenant, std::string_view user) {
-  std::string k = std::to_string(tenant.size());
-  k += ':';
-  k += tenant;
-  k += user;
-  return k;
-}
 
 // The parameters a check uses: an override's, or the table's.
 template <class Params>
@@ -150,7 +142,7 @@ result<decision> keyed_limiter::acquire_dual(keyed_limiter& tenants, std::string
                                              const key_limits* tenant_limits, const key_limits* user_limits) {
   assert(&tenants != &users && !tenant.empty() && !user.empty() && cost > 0);
   const std::int64_t now_ns = to_ns(now);
-  const std::string user_key = pair_key(tenant, user);
+  const std::string user_key = detail::pair_key(tenant, user);
   return std::visit(
       [&](auto& tenant_table, auto& user_table) {
         // Tenant first, then user: the one lock order every dual-layer check uses.

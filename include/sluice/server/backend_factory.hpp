@@ -1,0 +1,24 @@
+// sluice/server/backend_factory.hpp — the backend a sluiced config's [backend] describes.
+//
+//   auto cfg = sluice::server::load_config("/etc/sluice/sluice.toml");
+//   if (auto ok = sluice::server::check_servable(*cfg); !ok) return fail(ok.error().message);
+//   std::unique_ptr<sluice::backend> b = sluice::server::make_backend(cfg->backend).value();
+#pragma once
+
+#include <memory>
+
+#include "sluice/backend.hpp"
+#include "sluice/error.hpp"
+#include "sluice/server/config.hpp"
+
+namespace sluice::server {
+
+/// The backend `settings` describe: memory, redis or redis_cluster (the last two when sluiced is
+/// built with the Redis component; otherwise an error that says so).
+result<std::unique_ptr<backend>> make_backend(const backend_settings& settings);
+
+/// Checks that `cfg` can be served by this build: its backend type is built in, and on Redis every
+/// rule can be computed exactly. Parsing errors are already reported by load_config.
+result<void> check_servable(const config& cfg);
+
+}  // namespace sluice::server

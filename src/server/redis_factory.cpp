@@ -1,0 +1,21 @@
+// sluiced's Redis backends (redis_factory.hpp), in a build with the Redis component.
+#include "server/redis_factory.hpp"
+
+#include "sluice/redis_backend.hpp"
+
+namespace sluice::server {
+
+result<void> check_servable_on_redis(const config& cfg) {
+  for (const rule& r : cfg.rules) {
+    if (auto v = validate_for_redis(r); !v) return {errc::config_invalid, cfg.source + ": " + v.error().message};
+  }
+  return {};
+}
+
+result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s) {
+  auto b = s.type == backend_type::redis ? make_redis_backend(s.redis) : make_redis_cluster_backend(s.redis);
+  if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
+  return std::unique_ptr<backend>(std::move(*b));
+}
+
+}  // namespace sluice::server
