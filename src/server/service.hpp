@@ -31,7 +31,7 @@
 
 namespace sluice::server {
 
-class service {
+class service final : public connection_context {
  public:
   service(std::string config_path, std::shared_ptr<const snapshot> snap, std::unique_ptr<sluice::backend> b)
       : workers_(),
@@ -49,18 +49,18 @@ class service {
   std::shared_ptr<const snapshot> current() const { return current_.load(); }
 
   // The current config as seen from worker `w`: one atomic load per request (published::read).
-  const std::shared_ptr<const snapshot>& current_for(worker& w) const { return current_.read(w.snap); }
-  sluice::backend& backend() { return *backend_; }
-  server::metrics& stats() { return metrics_; }
-  rejection_log& rejections() { return rejections_; }
-  bool draining() const { return draining_.load(std::memory_order_relaxed); }
-  void request_begin() { in_flight_.fetch_add(1, std::memory_order_relaxed); }
-  void request_end() { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
+  const std::shared_ptr<const snapshot>& current_for(worker& w) const override { return current_.read(w.snap); }
+  sluice::backend& backend() override { return *backend_; }
+  server::metrics& stats() override { return metrics_; }
+  rejection_log& rejections() override { return rejections_; }
+  bool draining() const override { return draining_.load(std::memory_order_relaxed); }
+  void request_begin() override { in_flight_.fetch_add(1, std::memory_order_relaxed); }
+  void request_end() override { in_flight_.fetch_sub(1, std::memory_order_relaxed); }
 
   // sluiced's own counters, then the backend's (whatever it is), then the requests in flight.
-  std::string render_metrics();
+  std::string render_metrics() override;
   // GET /v1/rules for `snap`.
-  std::string render_rules(const snapshot& snap);
+  std::string render_rules(const snapshot& snap) override;
 
   // Watches [etcd]'s prefix for rules. Before run().
   result<void> start_etcd(const etcd_settings& settings);

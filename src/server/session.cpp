@@ -4,9 +4,9 @@
 #include <boost/asio/write.hpp>
 #include <spdlog/spdlog.h>
 
-#include "sluice/http/headers.hpp"
 #include "server/log_fields.hpp"
-#include "server/service.hpp"
+#include "sluice/http/headers.hpp"
+#include "sluice/server/metrics.hpp"
 
 namespace sluice::server {
 

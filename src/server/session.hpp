@@ -40,8 +40,27 @@ constexpr auto write_timeout = std::chrono::seconds(30);
 // While draining, how long a connection waiting between requests may still send one.
 constexpr auto drain_grace = std::chrono::milliseconds(500);
 
-class service;
 class session;
+struct worker;
+class rejection_log;
+class metrics;
+
+// What a connection needs of the service that accepted it, and nothing more (the service
+// implements it): the rules in force, the backend, the counters, the drain flag.
+class connection_context {
+ public:
+  virtual ~connection_context() = default;
+  // The config in force as worker `w` sees it (one atomic load).
+  virtual const std::shared_ptr<const snapshot>& current_for(worker& w) const = 0;
+  virtual sluice::backend& backend() = 0;
+  virtual server::metrics& stats() = 0;
+  virtual rejection_log& rejections() = 0;
+  virtual bool draining() const = 0;
+  virtual void request_begin() = 0;
+  virtual void request_end() = 0;
+  virtual std::string render_metrics() = 0;                    // GET /metrics
+  virtual std::string render_rules(const snapshot& snap) = 0;  // GET /v1/rules
+};
 
 // One io thread: its io_context, the connections it owns and their idle sweeper. Everything here is
 // touched only from that thread.
@@ -52,7 +71,7 @@ struct worker {
   asio::io_context io{1};
   asio::steady_timer sweep_timer{io};
   std::vector<std::weak_ptr<session>> sessions;
-  // This thread's view of the current config (service::current_for).
+  // This thread's view of the current config (connection_context::current_for).
   published<snapshot>::view snap;
 };
 
@@ -63,7 +82,7 @@ inline std::int64_t coarse_now_ns() { return to_ns(coarse_clock().now()); }
 // backend completions from other threads are posted back to it.
 class session : public std::enable_shared_from_this<session> {
  public:
-  session(asio::basic_stream_socket<tcp, executor>&& socket, service& svc, worker& w)
+  session(asio::basic_stream_socket<tcp, executor>&& socket, connection_context& svc, worker& w)
       : socket_(std::move(socket)), svc_(svc), worker_(w) {
     ++worker_.open;  // constructed and destroyed on the worker's thread
   }
@@ -125,7 +144,7 @@ class session : public std::enable_shared_from_this<session> {
   void discard();
 
   asio::basic_stream_socket<tcp, executor> socket_;
-  service& svc_;
+  connection_context& svc_;
   worker& worker_;
   std::int64_t deadline_ns_ = std::numeric_limits<std::int64_t>::max();
   bool waiting_ = false;  // between requests: no byte of the next one parsed yet
