@@ -8,7 +8,7 @@
 
 #include "sluice/memory_backend.hpp"
 #include "sluice/rule_set.hpp"
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 #include "sluice/server/config.hpp"
 
 namespace {

@@ -19,7 +19,7 @@ flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # The library code the targets reach: the config loader, the request parser and the core it uses,
 # the memory backend its checks are validated on, the Redis backend's commands and reply parsers,
 # and the Envoy API's YAML loader.
-lib=("$root"/src/core/*.cpp "$root"/src/keyed/*.cpp "$root/src/server/config.cpp" "$root/src/server/api.cpp"
+lib=("$root"/src/core/*.cpp "$root"/src/keyed/*.cpp "$root/src/rules/config.cpp" "$root/src/server/api.cpp"
      "$root"/src/redis/{command,exactness,keys,scripts,slot}.cpp "$root/src/envoy/domain_config.cpp")
 
 objdir="$out/obj"

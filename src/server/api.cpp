@@ -1,5 +1,5 @@
 // JSON request parsing and reply rendering for POST /v1/check (nlohmann-json, no exceptions).
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -1,5 +1,5 @@
 // Turns [backend] settings into a backend (sluice/server/backend_factory.hpp).
-#include "sluice/server/backend_factory.hpp"
+#include "server/backend_factory.hpp"
 
 #include "server/redis_factory.hpp"
 #include "sluice/memory_backend.hpp"

@@ -8,8 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/server/config.hpp"
-#include "sluice/server/backend_factory.hpp"
-#include "sluice/server/server.hpp"
+#include "server/backend_factory.hpp"
+#include "server/server.hpp"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "0.0.0"

@@ -1,5 +1,5 @@
 // Prometheus text exposition for sluiced, written by hand: a handful of counters and one histogram.
-#include "sluice/server/metrics.hpp"
+#include "server/metrics.hpp"
 
 #include "sluice/prometheus.hpp"
 

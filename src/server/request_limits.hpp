@@ -19,7 +19,7 @@
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
 
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 
 namespace sluice::server {
 

@@ -1,5 +1,5 @@
 // sluiced's entry: loads the config, makes the backend and the first snapshot, and runs the service.
-#include "sluice/server/server.hpp"
+#include "server/server.hpp"
 
 #include <csignal>
 #include <thread>
@@ -9,7 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/host_port.hpp"
-#include "sluice/server/backend_factory.hpp"
+#include "server/backend_factory.hpp"
 #include "server/log_fields.hpp"
 #include "server/service.hpp"
 

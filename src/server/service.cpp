@@ -10,9 +10,9 @@
 #include <spdlog/spdlog.h>
 
 #include "sluice/prometheus.hpp"
-#include "sluice/server/backend_factory.hpp"
-#include "sluice/server/server.hpp"
-#include "server/rule_sources.hpp"
+#include "server/backend_factory.hpp"
+#include "server/server.hpp"
+#include "rules/rule_sources.hpp"
 
 namespace sluice::server {
 

@@ -19,13 +19,13 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "sluice/backend.hpp"
-#include "sluice/server/metrics.hpp"
+#include "server/metrics.hpp"
 #include "core/log_throttle.hpp"
 #include "server/config_file_watch.hpp"
 #include "server/envoy_source.hpp"
-#include "server/etcd_source.hpp"
+#include "rules/etcd_source.hpp"
 #include "server/log_fields.hpp"
-#include "server/rule_sources.hpp"
+#include "rules/rule_sources.hpp"
 #include "server/session.hpp"
 #include "server/snapshot.hpp"
 

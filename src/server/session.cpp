@@ -6,7 +6,7 @@
 
 #include "server/log_fields.hpp"
 #include "sluice/http/headers.hpp"
-#include "sluice/server/metrics.hpp"
+#include "server/metrics.hpp"
 
 namespace sluice::server {
 

@@ -20,7 +20,7 @@
 
 #include "core/published.hpp"
 #include "sluice/clock.hpp"
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 #include "server/request_limits.hpp"
 #include "server/snapshot.hpp"
 

@@ -14,7 +14,7 @@
 #include "sluice/error.hpp"
 #include "sluice/http/headers.hpp"
 #include "sluice/rule_set.hpp"
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 #include "sluice/server/config.hpp"
 
 namespace sluice::server {

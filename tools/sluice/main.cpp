@@ -19,8 +19,8 @@
 #include "demo.hpp"
 #include "simulation.hpp"
 #include "sluice/server/config.hpp"
-#include "sluice/server/backend_factory.hpp"
-#include "sluice/server/server.hpp"
+#include "server/backend_factory.hpp"
+#include "server/server.hpp"
 #include "traffic.hpp"
 
 extern char** environ;

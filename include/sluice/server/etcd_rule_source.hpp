@@ -28,7 +28,7 @@
 #include "sluice/error.hpp"
 #include "sluice/policy.hpp"
 #include "sluice/rule_set.hpp"
-#include "sluice/server/api.hpp"
+#include "sluice/server/rule_source_status.hpp"
 #include "sluice/server/config.hpp"
 
 namespace sluice::server {

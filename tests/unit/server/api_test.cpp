@@ -1,4 +1,4 @@
-#include "sluice/server/api.hpp"
+#include "server/api.hpp"
 
 #include <gtest/gtest.h>
 

@@ -426,7 +426,7 @@ TEST(Config, NonAsciiBetweenTokensIsAnError) {
 }  // namespace
 }  // namespace sluice::server
 
-#include "sluice/server/backend_factory.hpp"
+#include "server/backend_factory.hpp"
 
 namespace sluice::server {
 namespace {

@@ -1,4 +1,4 @@
-#include "sluice/server/metrics.hpp"
+#include "server/metrics.hpp"
 #include "sluice/http/middleware.hpp"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // Rules from etcd over the file's: what is taken, what is rejected (once), what stays in force.
-#include "server/rule_sources.hpp"
+#include "rules/rule_sources.hpp"
 
 #include <gtest/gtest.h>
 

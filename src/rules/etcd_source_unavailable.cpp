@@ -1,5 +1,5 @@
 // etcd_source in a build without the etcd component (SLUICE_WITH_ETCD=OFF).
-#include "server/etcd_source.hpp"
+#include "rules/etcd_source.hpp"
 
 namespace sluice::server {
 

@@ -7,8 +7,8 @@
 
 #include "core/published.hpp"
 
-#include "server/etcd_source.hpp"
-#include "server/rule_sources.hpp"
+#include "rules/etcd_source.hpp"
+#include "rules/rule_sources.hpp"
 
 namespace sluice::server {
 

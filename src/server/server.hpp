@@ -1,4 +1,4 @@
-// sluice/server/server.hpp — sluiced itself: the HTTP decision API over Boost.Beast, health and
+// server/server.hpp — sluiced itself: the HTTP decision API over Boost.Beast, health and
 // metrics endpoints, config reload on SIGHUP or file change, and draining on SIGTERM.
 //
 // Endpoints: POST /v1/check (single or {"checks": [...]}), GET /healthz, GET /readyz, GET /metrics.

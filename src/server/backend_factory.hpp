@@ -1,4 +1,4 @@
-// sluice/server/backend_factory.hpp — the backend a sluiced config's [backend] describes.
+// server/backend_factory.hpp — the backend a sluiced config's [backend] describes.
 //
 //   auto cfg = sluice::server::load_config("/etc/sluice/sluice.toml");
 //   if (auto ok = sluice::server::check_servable(*cfg); !ok) return fail(ok.error().message);

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "sluice/error.hpp"
-#include "sluice/server/api.hpp"
+#include "sluice/server/rule_source_status.hpp"
 #include "sluice/server/config.hpp"
-#include "server/rule_sources.hpp"
+#include "rules/rule_sources.hpp"
 
 namespace sluice::server {
 

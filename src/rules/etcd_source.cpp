@@ -1,4 +1,4 @@
-#include "server/etcd_source.hpp"
+#include "rules/etcd_source.hpp"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,4 @@
-#include "server/rule_sources.hpp"
+#include "rules/rule_sources.hpp"
 
 #include <set>
 

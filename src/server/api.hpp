@@ -1,4 +1,4 @@
-// sluice/server/api.hpp — the JSON side of sluiced's POST /v1/check: parsing bodies, rendering replies.
+// server/api.hpp — the JSON side of sluiced's POST /v1/check: parsing bodies, rendering replies.
 //
 // Parsing reads the body's shape (known fields of the right types, a rule that exists, the keys it
 // takes); the values (key lengths, cost within the rule's capacity) are validated by the backend's
@@ -26,6 +26,7 @@
 #include "sluice/decision.hpp"
 #include "sluice/rule_set.hpp"
 #include "sluice/server/config.hpp"
+#include "sluice/server/rule_source_status.hpp"
 
 namespace sluice::server {
 
@@ -94,31 +95,6 @@ api_error api_error_of(const error& e);
 
 /// The decision given when limiting is disabled: admitted, full capacity left.
 decision disabled_decision(const sluice::rule& r) noexcept;
-
-/// Where a rule in force came from.
-struct rule_origin {
-  std::string source;             ///< "file" or "etcd"
-  std::string key;                ///< the etcd key; "" for the file
-  std::int64_t mod_revision = 0;  ///< the etcd key's mod_revision; 0 for the file
-};
-
-/// A value that could not be used, with why.
-struct rejected_value {
-  std::string key;  ///< the full etcd key
-  std::int64_t mod_revision = 0;
-  std::string reason;
-};
-
-/// A source of rules as GET /v1/rules shows it.
-struct rule_source_status {
-  std::string name;           ///< "file" or "etcd"
-  bool connected = true;      ///< etcd: the watch is live
-  std::int64_t revision = 0;  ///< file: successful loads; etcd: the store revision last applied
-  std::string detail;         ///< file: its path; etcd: while the watch is down, why
-  /// etcd: the versions the watcher leaves out (over a bound), at most 100; the previous version
-  /// of each stays in force.
-  std::vector<rejected_value> rejected;
-};
 
 /// GET /v1/rules: `{"version":...,"rules":[{"name":...,"algorithm":...,<parameters>,"source":...}],
 /// "overrides":N,"sources":[...]}`; `origins` is index-aligned with `rules`.

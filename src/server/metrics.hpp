@@ -1,4 +1,4 @@
-// sluice/server/metrics.hpp — sluiced's counters and latency histogram, rendered in the Prometheus
+// server/metrics.hpp — sluiced's counters and latency histogram, rendered in the Prometheus
 // text exposition format (version 0.0.4).
 //
 // Label values are bounded: rules come from the config, results and layers are fixed sets, and at
