@@ -47,7 +47,7 @@ class prepared_rule {
   prepared_rule& operator=(const prepared_rule&) = delete;
 
   const sluice::rule& definition() const noexcept { return rule_; }
-  /// The backend that made it: a check on another backend ignores it.
+  /// The backend that made it: a check of it on another backend is refused (validate).
   const backend* owner() const noexcept { return owner_; }
 
  private:

@@ -219,7 +219,7 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
 
 void rls_service::finish(call& c) {
   if (c.failed) {
-    failed_.fetch_add(1, std::memory_order_relaxed);
+    (c.failed->code == condition::invalid_request ? invalid_ : failed_).fetch_add(1, std::memory_order_relaxed);
     c.resp->Clear();
     return c.done(status_of(*c.failed));
   }

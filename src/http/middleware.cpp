@@ -261,9 +261,9 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   bool shadow = options_.enforcement == enforcement::shadow;
   outcome o;
 
-  if (!answer && answer.error().code != condition::backend_failure) {
-    // The check itself cannot be made (cost over the burst, key cap reached, invalid key): that is
-    // not an outage, and letting it through would let a request around the limit. Refuse it.
+  if (!answer && (answer.error().code == condition::invalid_request || answer.error() == errc::capacity_exhausted)) {
+    // The check itself cannot be made (cost over the burst, an invalid key, the key cap reached):
+    // that is not an outage, and letting it through would let a request around the limit. Refuse it.
     c.invalid.fetch_add(1, std::memory_order_relaxed);
     c.refused.fetch_add(1, std::memory_order_relaxed);
     if (shadow) {

@@ -42,8 +42,8 @@ class etcd_rules {
     std::int64_t mod_revision = 0;
   };
 
-  /// `check` is asked about every rule before it is taken (e.g. the backend's prepare): a rule it
-  /// refuses is rejected like one that does not parse.
+  /// `check` is asked about every rule before it is taken (backend::validate_rule, which makes
+  /// nothing): a rule it refuses is rejected like one that does not parse.
   etcd_rules(std::string prefix, std::function<result<void>(const rule&)> check);
 
   /// Takes etcd's whole view of the prefix. Returns the values rejected by this call: each bad

@@ -5,7 +5,7 @@
 // check, as for every check, and a bad one changes no limiter state. Replies are rendered from a
 // `decision` only.
 //
-//   auto body = sluice::server::parse_check_body(R"({"rule":"api","key":"user:42"})", cfg);
+//   auto body = sluice::server::parse_check_body(R"({"rule":"api","key":"user:42"})", *rules);  // a rule_set
 //   if (auto* e = std::get_if<sluice::server::api_error>(&body)) reply(e->status, render_error(*e));
 //   const auto& checks = std::get<sluice::server::check_batch>(body);
 //   sluice::check_request req = checks.items[0].request();   // views into checks.items[0]

@@ -20,7 +20,10 @@ cmake -S "$source_dir/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/pref
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"
 
-[ -f "$work/prefix/include/sluice/server/etcd_rule_source.hpp" ] || exit 0
+# Rules from etcd: when sluice::rules and sluice::etcd are installed and etcd is on this machine.
+targets=$(find "$work/prefix" -name 'sluice-targets.cmake' | head -n 1)
+grep -q 'sluice::rules' "$targets" && grep -q 'sluice::etcd' "$targets" || exit 0
+command -v etcd >/dev/null && command -v etcdctl >/dev/null || exit 0
 cmake -S "$source_dir/rules_consumer" -B "$work/rules_build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/rules_build" >/dev/null
 read -r client peer < <(python3 -c 'import socket

@@ -69,6 +69,10 @@ class EnvoyApi : public ::testing::TestWithParam<kind> {
     cluster_ = nullptr;
   }
 
+  // Sanitizer builds on a loaded machine can take longer than the default 50 ms for a first script
+  // call (a failed-open answer would then be counted as a decision); the timeout path has its own tests.
+  static constexpr const char* slow_build_timeout = "timeout_ms = 2000\n";
+
   // [backend] for this test's backend, starting its server the first time.
   std::string backend_toml() const {
     switch (GetParam()) {
@@ -76,13 +80,13 @@ class EnvoyApi : public ::testing::TestWithParam<kind> {
       case kind::redis:
         if (!redis_) redis_ = new testing::redis_server();
         redis_->command({"FLUSHALL"});
-        return "[backend]\ntype = \"redis\"\naddresses = [\"" + redis_->address() + "\"]\n";
+        return "[backend]\ntype = \"redis\"\naddresses = [\"" + redis_->address() + "\"]\n" + slow_build_timeout;
       case kind::redis_cluster: {
         if (!cluster_) cluster_ = new testing::redis_cluster();
         for (auto* m : cluster_->masters()) m->command({"FLUSHALL"});
         std::string seeds;
         for (const auto& s : cluster_->seeds()) seeds += (seeds.empty() ? "\"" : ", \"") + s + "\"";
-        return "[backend]\ntype = \"redis_cluster\"\naddresses = [" + seeds + "]\n";
+        return "[backend]\ntype = \"redis_cluster\"\naddresses = [" + seeds + "]\n" + slow_build_timeout;
       }
     }
     return {};
