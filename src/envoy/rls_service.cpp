@@ -101,7 +101,7 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   for (int i = 0; i < n; ++i) {
     const auto& d = req.descriptors(i);
     const std::string which = "descriptor " + std::to_string(i);
-    if (d.entries_size() == 0) return reject(invalid(which + " has no entries"));
+    if (d.entries_size() == 0) continue;  // no entries: no limit applies, OK (as the reference answers)
     if (d.entries_size() > max_entries)
       return reject(invalid(which + " has more than " + std::to_string(max_entries) + " entries"));
     entries.clear();
@@ -284,11 +284,13 @@ void rls_service::finish(call& c) {
     current->set_name(cfg.name);
     current->set_requests_per_unit(cfg.requests_per_unit);
     current->set_unit(static_cast<pb::RateLimitResponse::RateLimit::Unit>(cfg.unit));
-    st->set_limit_remaining(as_uint32(r.d.remaining));
+    // Over the limit, nothing is left (what Envoy's headers then say), whatever a smaller cost could take.
+    st->set_limit_remaining(r.refused ? 0 : as_uint32(r.d.remaining));
     const nanoseconds reset = r.d.allowed || r.limit->look ? r.d.reset_after : r.d.retry_after;
     if (reset > nanoseconds(0) && reset != never) {
-      st->mutable_duration_until_reset()->set_seconds(reset.count() / 1'000'000'000);
-      st->mutable_duration_until_reset()->set_nanos(static_cast<std::int32_t>(reset.count() % 1'000'000'000));
+      // Whole seconds, rounded up, as the reference sends them.
+      constexpr std::int64_t ns_per_s = 1'000'000'000;
+      st->mutable_duration_until_reset()->set_seconds((reset.count() + ns_per_s - 1) / ns_per_s);
     }
     if (closest == nullptr || st->limit_remaining() < closest->limit_remaining()) {
       closest = st;

@@ -350,7 +350,7 @@ TEST_F(EnvoyService, MalformedRequestsAreRefusedAndCountNothing) {
   for (int i = 0; i <= max_descriptors; ++i) many.add_descriptors()->add_entries()->set_key("database");
   pb::RateLimitRequest long_value = rls_request({{{"remote_address", "x"}}});
   long_value.mutable_descriptors(0)->mutable_entries(0)->set_value(std::string(600, 'v'));
-  for (const auto& bad : {rls_request({{{"database", "users"}}}, 0, ""), pb::RateLimitRequest(), rls_request({{}}),
+  for (const auto& bad : {rls_request({{{"database", "users"}}}, 0, ""), pb::RateLimitRequest(),
                           rls_request({{{"", "users"}}}), over_hits, many, long_value}) {
     EXPECT_EQ(refused(bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.ShortDebugString().substr(0, 200);
   }
@@ -358,7 +358,41 @@ TEST_F(EnvoyService, MalformedRequestsAreRefusedAndCountNothing) {
   // Hits above the limit: over the limit for ever, and nothing else is counted.
   auto big = ask(rls_request({{{"database", "users"}}, {{"remote_address", "z"}}}, 5));
   EXPECT_EQ(big.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
-  EXPECT_EQ(big.statuses(1).limit_remaining(), 2u);
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "z"}}})).statuses(0).limit_remaining(), 1u) << "nothing was counted";
+}
+
+// As the reference: over the limit nothing is left (not the units a smaller request could still
+// take), and the time to the reset is whole seconds, rounded up.
+TEST_F(EnvoyService, OverTheLimitNothingIsLeftAndResetsAreWholeSeconds) {
+  auto one = rls_request({{{"database", "users"}}});
+  EXPECT_EQ(ask(one).statuses(0).limit_remaining(), 2u);
+  clock_.advance(250ms);  // 49.75 s to the end of the minute
+  auto over = ask(rls_request({{{"database", "users"}}}, 3));
+  EXPECT_EQ(over.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(over.statuses(0).limit_remaining(), 0u) << "2 are left, but not for this request";
+  EXPECT_EQ(over.statuses(0).duration_until_reset().seconds(), 50);
+  EXPECT_EQ(over.statuses(0).duration_until_reset().nanos(), 0);
+  auto after = ask(one);
+  EXPECT_EQ(after.statuses(0).limit_remaining(), 1u) << "the refused request took nothing";
+  EXPECT_EQ(after.statuses(0).duration_until_reset().seconds(), 50);
+  EXPECT_EQ(after.statuses(0).duration_until_reset().nanos(), 0);
+}
+
+// A descriptor without entries limits nothing and is answered OK, as the reference does; the
+// request's other descriptors are decided as usual.
+TEST_F(EnvoyService, ADescriptorWithoutEntriesIsOkWithNoLimit) {
+  auto req = rls_request({{{"database", "users"}}});
+  req.add_descriptors();  // no entries
+  auto r = ask(req);
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+  ASSERT_EQ(r.statuses_size(), 2);
+  EXPECT_EQ(r.statuses(0).limit_remaining(), 2u);
+  EXPECT_EQ(r.statuses(1).code(), pb::RateLimitResponse::OK);
+  EXPECT_FALSE(r.statuses(1).has_current_limit());
+  pb::RateLimitRequest only_empty;
+  only_empty.set_domain("edge");
+  only_empty.add_descriptors();
+  EXPECT_EQ(ask(only_empty).overall_code(), pb::RateLimitResponse::OK);
 }
 
 }  // namespace
