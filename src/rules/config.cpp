@@ -750,19 +750,21 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
     if (out.server.grpc_listen.empty())
       return rep.at((*envoy)->source(), "[envoy] is served on [server] grpc_listen, which is not set");
   }
+  // Each rule's place in out.rules by name ([ratelimit]'s default, then each [[rules]]): names are
+  // unique, and overrides find their rule here.
+  std::unordered_map<std::string, std::size_t> rule_index;
+  for (std::size_t i = 0; i < out.rules.size(); ++i) rule_index.emplace(out.rules[i].name, i);
   if (const toml::node* n = root.get("rules")) {
     const toml::array* arr = n->as_array();
     if (!arr) return rep.at(n->source(), "rules must be an array of tables ([[rules]]), got " + type_name(*n));
     if (arr->size() > max_file_rules) {
       return rep.at(n->source(), "more than " + std::to_string(max_file_rules) + " rules");
     }
-    std::set<std::string, std::less<>> names;  // [ratelimit]'s default, then each rule's
-    for (const rule& r : out.rules) names.insert(r.name);
     for (const toml::node& e : *arr) {
       if (!e.is_table()) return rep.at(e.source(), "each entry of rules must be a table, got " + type_name(e));
       auto r = read_rule(section(*e.as_table(), "[[rules]]", rep));
       if (!r) return r.error();
-      if (!names.insert(r->name).second) {
+      if (!rule_index.emplace(r->name, out.rules.size()).second) {
         return rep.at(e.as_table()->get("name")->source(),
                       "duplicate rule name \"" + r->name + "\"" +
                           (r->name == "default" ? " ([ratelimit] defines rule default)" : ""));
@@ -777,16 +779,14 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
       return rep.at(n->source(), "more than " + std::to_string(max_overrides) + " overrides");
     }
     std::set<std::string> targets;
-    std::unordered_map<std::string_view, const rule*> rules_by_name;
-    for (const rule& r : out.rules) rules_by_name.emplace(r.name, &r);
     for (const toml::node& e : *arr) {
       if (!e.is_table()) return rep.at(e.source(), "each entry of overrides must be a table, got " + type_name(e));
       const section s(*e.as_table(), "[[overrides]]", rep);
       auto o = read_override(s, std::string(source_name) + ":" + std::to_string(e.source().begin.line));
       if (!o) return o.error();
-      auto base = rules_by_name.find(o->rule);
-      if (base == rules_by_name.end()) return s.bad("rule", "names no rule: \"" + o->rule + "\"");
-      if (auto r = apply_override(*base->second, *o); !r) return rep.at(e.source(), r.error().message);
+      auto base = rule_index.find(o->rule);
+      if (base == rule_index.end()) return s.bad("rule", "names no rule: \"" + o->rule + "\"");
+      if (auto r = apply_override(out.rules[base->second], *o); !r) return rep.at(e.source(), r.error().message);
       if (!targets.insert(o->target()).second) return rep.at(e.source(), "a second override of the same key");
       out.overrides.push_back(std::move(*o));
     }
