@@ -31,6 +31,24 @@ struct redis_options {
   std::string password;
   /// Database selected after connecting; 0 on a Redis Cluster. Default: 0.
   int database = 0;
+  /// TLS to every server (one Redis, each Cluster node), TLS 1.2 or later; not on unix sockets.
+  /// Default: false.
+  bool tls = false;
+  /// PEM file of the CAs that sign the servers' certificates. With tls_ca_dir empty too, the
+  /// system's store. Default: "".
+  std::string tls_ca_file;
+  /// Folder of CA certificates (hashed names, as `openssl rehash` makes). Default: "".
+  std::string tls_ca_dir;
+  /// Client certificate (PEM, chain allowed) and its key, for servers that ask for one (mutual
+  /// TLS). Both or neither. Default: "".
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  /// The name sent as SNI and that the server's certificate must carry. Default: "" (each address's
+  /// host, name or IP address).
+  std::string tls_server_name;
+  /// Verify the server's certificate and name. false accepts any server (logged as a warning at
+  /// start). Default: true.
+  bool tls_verify = true;
   /// Longest a connection attempt may take. Default: 1000 ms.
   std::chrono::milliseconds connect_timeout{1000};
   /// Longest a check waits for Redis; then its decision follows `on_error`. Default: 50 ms.

@@ -126,9 +126,9 @@ void redis_core::send_topology_query(node& n, bool shards) {
   }
 }
 
-void redis_core::on_topology_reply(redisAsyncContext*, void* reply, void* privdata) {
+void redis_core::on_topology_reply(redisReply* reply, void* privdata) {
   std::unique_ptr<topology_box> box(static_cast<topology_box*>(privdata));
-  box->core->handle_topology(*box->n, static_cast<redisReply*>(reply), box->shards, box->refresh);
+  box->core->handle_topology(*box->n, reply, box->shards, box->refresh);
 }
 
 void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh) {
@@ -140,7 +140,7 @@ void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::u
     owners = error(errc::backend_protocol,
                    "CLUSTER SLOTS: " + std::string(reply->str, std::min<std::size_t>(reply->len, 200)));
   } else if (shards) {
-    owners = parse_cluster_shards(*reply, host_of(n.address));
+    owners = parse_cluster_shards(*reply, host_of(n.address), tls_ != nullptr);
     const auto covered = [](const std::vector<slot_owner>& v) {
       std::size_t c = 0;
       for (const auto& o : v) c += static_cast<std::size_t>(o.last - o.first) + 1;

@@ -55,8 +55,10 @@ result<std::vector<slot_owner>> finish(std::vector<slot_owner> owners) {
 
 // A CLUSTER SHARDS node's host: its endpoint; an empty endpoint is the replying node's ("the one you
 // asked"), "?" an unknown one (then its ip, if any).
-std::optional<std::string> host_of_node(const redisReply& n, std::string_view replying_host, long long* port) {
-  const redisReply* p = field(n, "port");
+std::optional<std::string> host_of_node(const redisReply& n, std::string_view replying_host, bool tls,
+                                        long long* port) {
+  const redisReply* p = tls ? field(n, "tls-port") : nullptr;
+  if (p == nullptr) p = field(n, "port");
   const std::optional<long long> pv = p ? number(*p) : std::nullopt;
   if (!pv || *pv < 1 || *pv > 65535) return std::nullopt;
   *port = *pv;
@@ -90,7 +92,7 @@ std::string node_address(std::string_view host, long long port, std::string_view
   return a;
 }
 
-result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::string_view replying_host) {
+result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::string_view replying_host, bool tls) {
   if (r.type != REDIS_REPLY_ARRAY) return bad("CLUSTER SHARDS did not answer an array");
   std::vector<slot_owner> owners;
   for (std::size_t s = 0; s < r.elements; ++s) {
@@ -114,7 +116,7 @@ result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::s
       if (rank <= best && master) continue;
       if (rank == 0) continue;
       long long port = 0;
-      auto host = host_of_node(node, replying_host, &port);
+      auto host = host_of_node(node, replying_host, tls, &port);
       if (!host) return bad("a master without a usable address and port");
       master = node_address(*host, port, replying_host);
       best = rank;

@@ -39,8 +39,9 @@ struct slot_owner {
 /// the reply's shape, a slot out of 0..16383 or a range backwards, ranges that overlap, a master with
 /// slots but no usable address, more ranges than slots. Shards without slots, or without a master
 /// that has not failed, are left out; of several masters in a shard (a failed one is still listed
-/// after a failover), one whose health is online is taken.
-result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::string_view replying_host);
+/// after a failover), one whose health is online is taken. With `tls`, a node's `tls-port` is its
+/// port (the plaintext `port` only when it has no TLS port).
+result<std::vector<slot_owner>> parse_cluster_shards(const redisReply& r, std::string_view replying_host, bool tls);
 
 /// The same from CLUSTER SLOTS's reply: [first, last, [host, port, ...], replicas...] per range.
 result<std::vector<slot_owner>> parse_cluster_slots(const redisReply& r, std::string_view replying_host);

@@ -212,7 +212,7 @@ inline constexpr std::size_t max_reply_line = 64 << 10;
 struct reply_budget {
   enum class refusal { none, array, values, string_bytes, unsolicited };
   /// Replies the reader may still make: one per command queued on the connection (sluice never
-  /// subscribes or monitors). hiredis 0.14 asserts on a reply no command waits for, so the reader
+  /// subscribes or monitors); a reply no command waits for would answer the wrong one, so the reader
   /// refuses it first. A reader fed by hand (tests, the fuzzer) leaves it unbounded.
   std::size_t awaited = std::numeric_limits<std::size_t>::max();
   std::size_t values = 0;        ///< values made, and promised by the arrays read

@@ -2,13 +2,20 @@
 
 #include <hiredis/hiredis.h>
 
+#include <array>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/connect.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/ssl/stream.hpp>
+#include <boost/asio/write.hpp>
+#include <deque>
+#include <type_traits>
 #include <utility>
+#include <variant>
 
-#include "redis/asio_hiredis.hpp"
 #include "redis/command.hpp"
 #include "redis/scripts.hpp"
 #include "sluice/host_port.hpp"
@@ -16,8 +23,23 @@
 namespace sluice::detail {
 namespace {
 
+using tcp_socket = asio::ip::tcp::socket;
+using unix_socket = asio::local::stream_protocol::socket;
+using tls_stream = asio::ssl::stream<tcp_socket>;
+
 std::string address_of(const endpoint& e) {
   return e.unix_socket ? "unix:" + e.host : e.host + ":" + std::to_string(e.port);
+}
+
+// One command in RESP, from its arguments.
+std::string format(std::initializer_list<std::string_view> args) {
+  std::string out = "*" + std::to_string(args.size()) + "\r\n";
+  for (std::string_view a : args) {
+    out += "$" + std::to_string(a.size()) + "\r\n";
+    out += a;
+    out += "\r\n";
+  }
+  return out;
 }
 
 }  // namespace
@@ -38,7 +60,65 @@ result<endpoint> parse_endpoint(std::string_view a) {
   return e;
 }
 
-connection::connection(const strand_type& strand, endpoint where, const redis_options& o, events e)
+// One socket and what travels on it. Its handlers hold it, so a TLS stream outlives its
+// operations after the connection has moved on to a new link.
+struct connection::link {
+  struct pending {
+    reply_fn fn;
+    void* privdata;
+    const char* step;  // a handshake step's name (the connection's own command), or nullptr
+  };
+
+  link(const strand_type& strand, const endpoint& where, const tls_settings* tls) {
+    if (where.unix_socket) {
+      stream.emplace<unix_socket>(strand);
+    } else if (tls != nullptr) {
+      stream.emplace<tls_stream>(strand, *tls->context);
+    } else {
+      stream.emplace<tcp_socket>(strand);
+    }
+    reader.reset(redisReaderCreate());
+    bound_replies(*reader, budget);
+  }
+
+  // f(the stream), whichever it is.
+  template <class F>
+  void on_stream(F&& f) {
+    std::visit(
+        [&](auto& s) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(s)>, std::monostate>) f(s);
+        },
+        stream);
+  }
+  template <class F>
+  void read_some(F&& f) {
+    on_stream([&](auto& s) { s.async_read_some(asio::buffer(in), std::forward<F>(f)); });
+  }
+  template <class F>
+  void write(F&& f) {
+    on_stream([&](auto& s) { asio::async_write(s, asio::buffer(sending), std::forward<F>(f)); });
+  }
+  void shut() {
+    boost::system::error_code ignored;
+    on_stream([&](auto& s) { s.lowest_layer().close(ignored); });
+  }
+
+  // monostate only until the constructor emplaces the stream (sockets are made in place).
+  std::variant<std::monostate, tcp_socket, unix_socket, tls_stream> stream;
+  std::unique_ptr<redisReader, void (*)(redisReader*)> reader{nullptr, &redisReaderFree};
+  reply_budget budget{.awaited = 0};  // each command queued adds one
+  std::deque<pending> waiting;        // one per command written or to be written, in order
+  std::string unsent;                 // commands queued while `sending` is on the wire
+  std::string sending;
+  bool connected = false;  // the socket is connected; a TLS handshake may follow
+  bool up = false;         // connected and the TLS handshake made: writes may go
+  bool writing = false;
+  bool replied = false;  // a reply came: the server speaks RESP on this setting
+  std::array<char, 16 * 1024> in;
+};
+
+connection::connection(const strand_type& strand, endpoint where, const redis_options& o,
+                       std::shared_ptr<const tls_settings> tls, events e)
     : strand_(strand),
       endpoint_(std::move(where)),
       address_(address_of(endpoint_)),
@@ -46,11 +126,14 @@ connection::connection(const strand_type& strand, endpoint where, const redis_op
       password_(o.password),
       database_(o.database),
       connect_timeout_(o.connect_timeout),
+      tls_(endpoint_.unix_socket ? nullptr : std::move(tls)),
       events_(std::move(e)),
       connect_timer_(strand) {}
 
+connection::~connection() { close(); }
+
 void connection::connect() {
-  if (closed_ || ac_ != nullptr || resolving_) return;
+  if (closed_ || link_ != nullptr || resolving_) return;
   if (endpoint_.unix_socket) return connect_to(endpoint_.host);
   boost::system::error_code ec;
   asio::ip::make_address(endpoint_.host, ec);
@@ -65,7 +148,7 @@ void connection::connect() {
         self->resolving_ = false;
         if (self->closed_) return;
         if (ec2 || results.empty()) {
-          self->lost("cannot resolve " + self->endpoint_.host + ": " + ec2.message());
+          self->events_.lost("cannot resolve " + self->endpoint_.host + ": " + ec2.message());
           return;
         }
         self->connect_to(results.begin()->endpoint().address().to_string());
@@ -73,83 +156,178 @@ void connection::connect() {
 }
 
 void connection::connect_to(const std::string& host) {
-  redisAsyncContext* ac =
-      endpoint_.unix_socket ? redisAsyncConnectUnix(host.c_str()) : redisAsyncConnect(host.c_str(), endpoint_.port);
-  if (ac == nullptr) return lost("cannot allocate a connection");
-  if (ac->err) {
-    std::string why = "cannot connect to " + address_ + ": " + ac->errstr;
-    redisAsyncFree(ac);
-    return lost(why);
-  }
-  reply_budget_ = {.awaited = 0};  // each command queued adds one (queued)
-  bound_replies(*ac->c.reader, reply_budget_);
-  ac->data = this;
-  attach(ac, strand_, &connection::after_read);
-  redisAsyncSetConnectCallback(ac, &connection::on_connect);
-  redisAsyncSetDisconnectCallback(ac, &connection::on_disconnect);
-  ac_ = ac;
-  ++generation_;
-  handshake(ac);
+  auto l = std::make_shared<link>(strand_, endpoint_, tls_.get());
+  if (l->reader == nullptr) return events_.lost("cannot allocate a connection");
+  link_ = l;
+  ready_ = false;
+  handshake();
   // What waited for the host name to resolve goes right behind the handshake.
   events_.opened();
+  if (link_ != l) return;
+  auto done = [self = shared_from_this(), l](boost::system::error_code ec) {
+    self->on_transport(l, ec ? "cannot connect to " + self->address_ + ": " + ec.message() : "");
+  };
+  if (auto* s = std::get_if<unix_socket>(&l->stream)) {
+    s->async_connect(asio::local::stream_protocol::endpoint(host), asio::bind_executor(strand_, done));
+  } else {
+    auto& socket = std::holds_alternative<tls_stream>(l->stream) ? std::get<tls_stream>(l->stream).next_layer()
+                                                                 : std::get<tcp_socket>(l->stream);
+    boost::system::error_code ec;
+    const asio::ip::tcp::endpoint to(asio::ip::make_address(host, ec), static_cast<unsigned short>(endpoint_.port));
+    socket.async_connect(to, asio::bind_executor(strand_, done));
+  }
   connect_timer_.expires_after(connect_timeout_);
-  connect_timer_.async_wait(
-      asio::bind_executor(strand_, [self = shared_from_this(), gen = generation_](boost::system::error_code ec) {
-        if (ec || self->closed_ || gen != self->generation_ || self->ready_ || self->ac_ == nullptr) return;
-        self->drop("no connection to " + self->address_ + " within connect_timeout");
-      }));
+  connect_timer_.async_wait(asio::bind_executor(strand_, [self = shared_from_this(), l](boost::system::error_code ec) {
+    if (ec || self->link_ != l || self->ready_) return;
+    self->drop(self->why_late(*l));
+  }));
+}
+
+// Connected (failure empty): makes the TLS handshake where there is one, then writes what is
+// queued and reads.
+void connection::on_transport(const link_ptr& l, const std::string& failure) {
+  if (link_ != l) return;
+  if (!failure.empty()) return drop(failure);
+  l->connected = true;
+  if (auto* s = std::get_if<tls_stream>(&l->stream); s != nullptr && !l->up) {
+    prepare_tls_client(s->native_handle(), *tls_, endpoint_.host);
+    s->async_handshake(
+        asio::ssl::stream_base::client,
+        asio::bind_executor(strand_, [self = shared_from_this(), l](boost::system::error_code ec) {
+          if (self->link_ != l) return;
+          if (ec) {
+            auto* ssl = std::get<tls_stream>(l->stream).native_handle();
+            return self->drop("TLS handshake with " + self->address_ + " failed: " + tls_failure(ssl, ec));
+          }
+          l->up = true;
+          self->on_transport(l, "");
+        }));
+    return;
+  }
+  l->up = true;
+  flush(l);
+  read(l);
 }
 
 // The handshake goes first on the connection; commands queued behind it follow in order.
-void connection::handshake(redisAsyncContext* ac) {
+void connection::handshake() {
   if (!password_.empty()) {
-    if (username_.empty()) {
-      const char* argv[] = {"AUTH", password_.c_str()};
-      const std::size_t lens[] = {4, password_.size()};
-      queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 2, argv, lens));
-    } else {
-      const char* argv[] = {"AUTH", username_.c_str(), password_.c_str()};
-      const std::size_t lens[] = {4, username_.size(), password_.size()};
-      queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("AUTH"), 3, argv, lens));
-    }
+    queue(username_.empty() ? format({"AUTH", password_}) : format({"AUTH", username_, password_}), nullptr, nullptr,
+          "AUTH");
   }
-  if (database_ != 0) {
-    std::string db = std::to_string(database_);
-    const char* argv[] = {"SELECT", db.c_str()};
-    const std::size_t lens[] = {6, db.size()};
-    queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SELECT"), 2, argv, lens));
-  }
-  for (const auto& s : scripts()) {
-    const char* argv[] = {"SCRIPT", "LOAD", s.body.c_str()};
-    const std::size_t lens[] = {6, 4, s.body.size()};
-    queued(redisAsyncCommandArgv(ac, &connection::on_handshake, const_cast<char*>("SCRIPT LOAD"), 3, argv, lens));
-  }
-  queued(redisAsyncCommand(ac, &connection::on_time, nullptr, "TIME"));  // the first clock offset
-  queued(redisAsyncCommand(ac, &connection::on_handshake, const_cast<char*>("PING"), "PING"));
+  if (database_ != 0) queue(format({"SELECT", std::to_string(database_)}), nullptr, nullptr, "SELECT");
+  for (const auto& s : scripts()) queue(format({"SCRIPT", "LOAD", s.body}), nullptr, nullptr, "SCRIPT LOAD");
+  queue(format({"TIME"}), nullptr, nullptr, "TIME");  // the first clock offset
+  queue(format({"PING"}), nullptr, nullptr, "PING");
 }
 
-bool connection::send(std::string_view resp, redisCallbackFn* fn, void* privdata) {
-  if (ac_ == nullptr) return false;
-  return queued(redisAsyncFormattedCommand(ac_, fn, privdata, resp.data(), resp.size()));
-}
-
-// hiredis queued a callback for the command (status REDIS_OK): its reader may make one more reply.
-bool connection::queued(int status) {
-  if (status != REDIS_OK) return false;
-  ++reply_budget_.awaited;
+bool connection::send(std::string_view resp, reply_fn fn, void* privdata) {
+  if (link_ == nullptr) return false;
+  queue(resp, fn, privdata, nullptr);
+  flush(link_);
   return true;
 }
 
-void connection::drop(const std::string& why) {
-  redisAsyncContext* ac = ac_;
-  ac_ = nullptr;  // first: the callbacks hiredis runs while freeing it see a context no longer ours
-  if (ac != nullptr) redisAsyncFree(ac);
-  lost(why);
+void connection::queue(std::string_view resp, reply_fn fn, void* privdata, const char* step) {
+  link_->unsent += resp;
+  link_->waiting.push_back({fn, privdata, step});
+  ++link_->budget.awaited;  // its reader may make one more reply
 }
 
+// One write at a time: what is queued meanwhile goes in the next.
+void connection::flush(const link_ptr& l) {
+  if (!l->up || l->writing || l->unsent.empty()) return;
+  l->writing = true;
+  l->sending.swap(l->unsent);
+  l->write(asio::bind_executor(strand_, [self = shared_from_this(), l](boost::system::error_code ec, std::size_t) {
+    l->writing = false;
+    l->sending.clear();
+    if (self->link_ != l) return;
+    if (ec) return self->drop(self->why_lost(*l, ec));
+    self->flush(l);
+  }));
+}
+
+void connection::read(const link_ptr& l) {
+  l->read_some(
+      asio::bind_executor(strand_, [self = shared_from_this(), l](boost::system::error_code ec, std::size_t n) {
+        if (self->link_ != l) return;
+        if (ec) return self->drop(self->why_lost(*l, ec));
+        self->on_read(l, n);
+      }));
+}
+
+std::string connection::why_late(const link& l) const {
+  if (!l.connected) return "no connection to " + address_ + " within connect_timeout";
+  // A plaintext server waits for the end of a line that a TLS hello never sends.
+  if (!l.up)
+    return "TLS handshake with " + address_ +
+           " failed: no answer within connect_timeout (a plaintext port? then set tls = false)";
+  return "no answer from " + address_ + " to the handshake within connect_timeout";
+}
+
+std::string connection::why_lost(const link& l, const boost::system::error_code& ec) const {
+  std::string why = "connection to " + address_ + " lost: " + ec.message();
+  // A TLS server ends a connection that does not start with a TLS handshake.
+  if (!l.replied && !tls_ && !endpoint_.unix_socket) why += " (before any reply: a TLS port? then set tls = true)";
+  return why;
+}
+
+// Feeds what was read to the reader and answers each whole reply, in order. A callback may end
+// the connection (drop, close): the loop stops when `l` is no longer the current link.
+void connection::on_read(const link_ptr& l, std::size_t n) {
+  redisReader& reader = *l->reader;
+  if (redisReaderFeed(&reader, l->in.data(), n) != REDIS_OK) {
+    return drop("connection to " + address_ + " dropped: " + reader.errstr);
+  }
+  for (;;) {
+    void* reply = nullptr;
+    if (redisReaderGetReply(&reader, &reply) != REDIS_OK) {
+      std::string why = why_refused(l->budget);
+      if (why.empty()) why = reader.errstr[0] != '\0' ? reader.errstr : "unreadable reply";
+      return drop("connection to " + address_ + " dropped: " + why);
+    }
+    if (reply == nullptr) break;
+    l->replied = true;
+    // The budget made sure a command waits for this reply.
+    link::pending p = l->waiting.front();
+    l->waiting.pop_front();
+    auto* r = static_cast<redisReply*>(reply);
+    if (p.step != nullptr) {
+      on_handshake_reply(p.step, *r);
+    } else if (p.fn != nullptr) {
+      p.fn(r, p.privdata);
+    }
+    freeReplyObject(r);
+    if (link_ != l) return;
+  }
+  // What is held after the whole replies are read is the reply being read: one that grows past
+  // its bounds ends the connection.
+  if (std::string why = overlong_reply(reader); !why.empty()) {
+    return drop("connection to " + address_ + " dropped: " + why);
+  }
+  read(l);
+}
+
+void connection::on_handshake_reply(const char* step, const redisReply& reply) {
+  const std::string_view name = step;
+  if (reply.type == REDIS_REPLY_ERROR) {
+    return drop(std::string(name) + " failed on " + address_ + ": " + std::string(reply.str, reply.len));
+  }
+  if (name == "TIME") {
+    if (std::int64_t t = parse_time_reply(reply); t >= 0) events_.server_time(t);
+  } else if (name == "PING") {
+    ready_ = true;
+    connect_timer_.cancel();
+    events_.ready();
+  }
+}
+
+void connection::drop(const std::string& why) { end(why, true); }
+
 void connection::drop_soon(const std::string& why) {
-  asio::post(strand_, [self = shared_from_this(), gen = generation_, why] {
-    if (gen == self->generation_ && self->ac_ != nullptr) self->drop(why);
+  asio::post(strand_, [self = shared_from_this(), l = link_, why] {
+    if (l != nullptr && self->link_ == l) self->drop(why);
   });
 }
 
@@ -157,75 +335,23 @@ void connection::close() {
   if (closed_) return;
   closed_ = true;
   connect_timer_.cancel();
-  redisAsyncContext* ac = ac_;
-  ac_ = nullptr;
-  if (ac != nullptr) redisAsyncFree(ac);  // waiting callbacks get null replies
+  end("", false);
 }
 
-void connection::lost(const std::string& why) {
+// The link goes first, so what its callbacks send or drop meets no connection; then the callbacks
+// get null replies; then the owner hears why.
+void connection::end(const std::string& why, bool tell) {
+  link_ptr l = std::move(link_);
+  link_ = nullptr;
   ready_ = false;
-  events_.lost(why);
-}
-
-void connection::on_handshake_done() {
-  ready_ = true;
-  connect_timer_.cancel();
-  events_.ready();
-}
-
-void connection::on_connect(const redisAsyncContext* ac, int status) {
-  auto* self = static_cast<connection*>(ac->data);
-  if (status == REDIS_OK || ac != self->ac_) return;
-  // hiredis frees the context after this callback.
-  self->ac_ = nullptr;
-  self->lost("cannot connect to " + self->address_ + ": " + (ac->errstr ? ac->errstr : "error"));
-}
-
-void connection::on_disconnect(const redisAsyncContext* ac, int /*status*/) {
-  auto* self = static_cast<connection*>(ac->data);
-  if (ac != self->ac_) return;  // we dropped it ourselves
-  self->ac_ = nullptr;
-  std::string why = "connection to " + self->address_;
-  if (std::string refused = why_refused(self->reply_budget_); !refused.empty()) {
-    why += " dropped: ";  // the reader refused a reply (it failed as out of memory)
-    why += refused;
-  } else {
-    why += " lost";
-    if (ac->errstr && ac->err) {
-      why += ": ";
-      why += ac->errstr;
-    }
+  if (l == nullptr) return;
+  l->shut();
+  auto waiting = std::move(l->waiting);
+  l->waiting.clear();
+  for (const auto& p : waiting) {
+    if (p.step == nullptr && p.fn != nullptr) p.fn(nullptr, p.privdata);
   }
-  self->lost(why);
-}
-
-// What is held after the whole replies are read is the reply being read: one that grows past its
-// bounds ends the connection.
-void connection::after_read(redisAsyncContext* ac) {
-  auto* self = static_cast<connection*>(ac->data);
-  if (ac != self->ac_) return;
-  if (std::string why = overlong_reply(*ac->c.reader); !why.empty()) {
-    self->drop("connection to " + self->address_ + " dropped: " + why);
-  }
-}
-
-void connection::on_time(redisAsyncContext* ac, void* reply_ptr, void*) {
-  auto* self = static_cast<connection*>(ac->data);
-  auto* r = static_cast<redisReply*>(reply_ptr);
-  if (r == nullptr || ac != self->ac_) return;
-  if (std::int64_t t = parse_time_reply(*r); t >= 0) self->events_.server_time(t);
-}
-
-void connection::on_handshake(redisAsyncContext* ac, void* reply_ptr, void* privdata) {
-  auto* self = static_cast<connection*>(ac->data);
-  auto* reply = static_cast<redisReply*>(reply_ptr);
-  std::string_view step = static_cast<const char*>(privdata);
-  if (reply == nullptr || ac != self->ac_ || self->closed_) return;
-  if (reply->type == REDIS_REPLY_ERROR) {
-    self->drop_soon(std::string(step) + " failed on " + self->address_ + ": " + std::string(reply->str, reply->len));
-    return;
-  }
-  if (step == "PING") self->on_handshake_done();
+  if (tell) events_.lost(why);
 }
 
 }  // namespace sluice::detail

@@ -40,12 +40,14 @@ struct redis_core::batch_box {
   node* to;
 };
 
-redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, asio::io_context& io,
+redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster,
+                       std::shared_ptr<const tls_settings> tls, asio::io_context& io,
                        std::unique_ptr<memory_backend> local)
     : options_(o),
       cluster_(cluster),
       seeds_(std::move(seeds)),
       io_(io),
+      tls_(std::move(tls)),
       strand_(asio::make_strand(io)),
       deadline_timer_(strand_),
       local_(std::move(local)),
@@ -395,14 +397,14 @@ void redis_core::send_batch(node& n, std::vector<op_ptr> ops) {
   for (auto& o : ops) o->sent_to = &n;
 }
 
-void redis_core::on_batch_reply(redisAsyncContext*, void* reply, void* privdata) {
+void redis_core::on_batch_reply(redisReply* reply, void* privdata) {
   std::unique_ptr<batch_box> box(static_cast<batch_box*>(privdata));
   node& n = *box->to;
   --n.in_flight;
   for (auto& o : box->ops) {
     if (o->sent_to == &n) o->sent_to = nullptr;
   }
-  box->core->handle_batch_reply(box->ops, n, static_cast<redisReply*>(reply));
+  box->core->handle_batch_reply(box->ops, n, reply);
 }
 
 // Checks that timed out meanwhile (done) keep their places in the reply, and are skipped.
@@ -492,7 +494,7 @@ void redis_core::send_unsent(node& n) {
   }
 }
 
-void redis_core::on_reply(redisAsyncContext*, void* reply, void* privdata) {
+void redis_core::on_reply(redisReply* reply, void* privdata) {
   auto* box = static_cast<reply_box*>(privdata);
   op_ptr o = std::move(box->o);
   redis_core* self = box->core;
@@ -501,7 +503,7 @@ void redis_core::on_reply(redisAsyncContext*, void* reply, void* privdata) {
   delete box;
   --n.in_flight;
   if (o->sent_to == &n) o->sent_to = nullptr;
-  self->handle_reply(o, n, static_cast<redisReply*>(reply), asking);
+  self->handle_reply(o, n, reply, asking);
 }
 
 void redis_core::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking) {
@@ -800,7 +802,7 @@ node_ptr redis_core::make_node(const endpoint& where) {
   // The connection's events run on the strand, before do_shutdown or close_node closes it: `this`
   // and the node are alive.
   n->conn = std::make_shared<connection>(
-      strand_, where, options_,
+      strand_, where, options_, tls_,
       connection::events{.opened = [this, raw] { send_unsent(*raw); },
                          .ready = [this, raw] { on_node_ready(*raw); },
                          .lost = [this, raw](const std::string& why) { on_node_lost(*raw, why); },
@@ -910,10 +912,9 @@ void redis_core::schedule_oom_probe(const node_ptr& n) {
           node_ptr n;
         };
         auto* box = new probe_box{self.get(), n};
-        auto on_probe = [](redisAsyncContext* ac, void* reply, void* privdata) {
+        auto on_probe = [](redisReply* r, void* privdata) {
           std::unique_ptr<probe_box> b(static_cast<probe_box*>(privdata));
-          auto* r = static_cast<redisReply*>(reply);
-          if (r == nullptr || !b->n->conn->is_current(ac)) return;
+          if (r == nullptr) return;  // the connection went away
           if (r->type != REDIS_REPLY_ERROR) b->core->set_out_of_memory(*b->n, false);
         };
         if (!n->conn->send(oom_probe_command(), on_probe, box)) {

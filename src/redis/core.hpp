@@ -3,7 +3,7 @@
 //
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
 // to the strand, routed to the node that serves it — the one server, or the master that owns its
-// slot — and sent on that node's connection (connection.hpp: hiredis pipelines it behind the
+// slot — and sent on that node's connection (connection.hpp pipelines it behind the
 // others), alone or, while calls are in flight there, in one call of the batch script with the
 // checks that arrive meanwhile (one slot's, on a cluster). Its deadline is written when it is sent,
 // on that node's clock. It completes with the first of: its reply, its deadline, the connection's
@@ -46,7 +46,6 @@
 #include "sluice/memory_backend.hpp"
 #include "sluice/redis_backend.hpp"
 
-struct redisAsyncContext;
 struct redisReply;
 
 namespace sluice::detail {
@@ -167,8 +166,9 @@ inline constexpr std::chrono::milliseconds min_refresh_gap{100};
 class redis_core : public std::enable_shared_from_this<redis_core> {
  public:
   /// One Redis server at `seeds[0]`, or (cluster) a Redis Cluster discovered from `seeds`.
-  redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, asio::io_context& io,
-             std::unique_ptr<memory_backend> local);
+  /// `tls`: the TLS settings of every connection (tls.hpp), or nullptr for plaintext.
+  redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, std::shared_ptr<const tls_settings> tls,
+             asio::io_context& io, std::unique_ptr<memory_backend> local);
 
   void start();
   /// Fails everything still waiting and closes the connections. Must not run on the io threads
@@ -210,11 +210,11 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void send_one(node& n, const op_ptr& o, bool asking);
   void flush_batch(node& n);
   void send_batch(node& n, std::vector<op_ptr> ops);
-  static void on_batch_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_batch_reply(redisReply* reply, void* privdata);
   void handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisReply* reply);
   void fail_waiting(node& n, errc code, const std::string& why);
   void send_unsent(node& n);
-  static void on_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_reply(redisReply* reply, void* privdata);
   void handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking);
   bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
@@ -263,7 +263,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void schedule_refresh(steady::duration after, bool replace = false);
   void start_refresh();
   void send_topology_query(node& n, bool shards);
-  static void on_topology_reply(redisAsyncContext* ac, void* reply, void* privdata);
+  static void on_topology_reply(redisReply* reply, void* privdata);
   void handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh);
   void finish_refresh(bool updated);
   void apply_map(const std::vector<slot_owner>& owners);
@@ -275,6 +275,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   const bool cluster_;
   const std::vector<endpoint> seeds_;
   asio::io_context& io_;
+  const std::shared_ptr<const tls_settings> tls_;
   strand_type strand_;
   asio::steady_timer deadline_timer_;
   std::unique_ptr<memory_backend> local_;

@@ -8,7 +8,10 @@
 #include <optional>
 #include <thread>
 
+#include <spdlog/spdlog.h>
+
 #include "redis/core.hpp"
+#include "redis/tls.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/prometheus.hpp"
 
@@ -180,6 +183,11 @@ result<std::unique_ptr<memory_backend>> make_local(const redis_options& o) {
 result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, bool cluster, asio::io_context* io) {
   auto seeds = validate_options(options, cluster);
   if (!seeds) return seeds.error();
+  auto tls = detail::make_tls_settings(options);
+  if (!tls) return tls.error();
+  if (options.tls && !options.tls_verify) {
+    spdlog::warn("sluice redis backend: tls_verify = false: any server is accepted, its certificate unverified");
+  }
   auto local = make_local(options);
   if (!local) return local.error();
   std::unique_ptr<redis_backend_impl> impl;
@@ -190,7 +198,8 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
   } else {
     impl = std::make_unique<redis_backend_impl>();
   }
-  impl->start(std::make_shared<redis_core>(options, std::move(*seeds), cluster, *io, std::move(*local)));
+  impl->start(
+      std::make_shared<redis_core>(options, std::move(*seeds), cluster, std::move(*tls), *io, std::move(*local)));
   return std::unique_ptr<redis_backend>(std::move(impl));
 }
 

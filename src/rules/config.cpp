@@ -465,11 +465,54 @@ result<std::optional<std::vector<std::string>>> read_addresses(const section& s,
   return std::optional(std::move(out));
 }
 
+// tls, tls_verify and the tls_* files and name of [backend]; the files are read when the backend
+// is made (redis_backend.cpp names what is wrong with them).
+result<void> read_redis_tls(const section& s, redis_options& r) {
+  auto tls = s.boolean("tls", r.tls);
+  if (!tls) return tls.error();
+  r.tls = *tls;
+  auto verify = s.boolean("tls_verify", r.tls_verify);
+  if (!verify) return verify.error();
+  r.tls_verify = *verify;
+  for (auto [key, field] : {std::pair{"tls_ca_file", &r.tls_ca_file},
+                            {"tls_ca_dir", &r.tls_ca_dir},
+                            {"tls_cert_file", &r.tls_cert_file},
+                            {"tls_key_file", &r.tls_key_file},
+                            {"tls_server_name", &r.tls_server_name}}) {
+    auto v = s.string(key, *field);
+    if (!v) return v.error();
+    if (!r.tls && !v->empty()) return s.bad(key, "needs tls = true");
+    *field = *v;
+  }
+  if (!r.tls && !r.tls_verify) return s.bad("tls_verify", "needs tls = true");
+  if (r.tls_cert_file.empty() != r.tls_key_file.empty()) return s.bad("tls_cert_file", "and tls_key_file go together");
+  return {};
+}
+
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
-  if (auto v = s.only({"type", "addresses", "username", "password", "database", "key_prefix", "timeout_ms",
-                       "connect_timeout_ms", "on_error", "max_pending", "breaker_failure_threshold",
-                       "breaker_probe_interval_ms", "error_log_interval_ms", "cluster_refresh_interval_ms", "max_batch",
-                       "max_keys_per_rule"});
+  if (auto v = s.only({"type",
+                       "addresses",
+                       "username",
+                       "password",
+                       "database",
+                       "key_prefix",
+                       "timeout_ms",
+                       "connect_timeout_ms",
+                       "on_error",
+                       "max_pending",
+                       "breaker_failure_threshold",
+                       "breaker_probe_interval_ms",
+                       "error_log_interval_ms",
+                       "cluster_refresh_interval_ms",
+                       "max_batch",
+                       "max_keys_per_rule",
+                       "tls",
+                       "tls_ca_file",
+                       "tls_ca_dir",
+                       "tls_cert_file",
+                       "tls_key_file",
+                       "tls_server_name",
+                       "tls_verify"});
       !v) {
     return v.error();
   }
@@ -497,6 +540,7 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (!pass) return pass.error();
   r.password = *pass;
   if (!r.username.empty() && r.password.empty()) return s.bad("username", "needs a password");
+  if (auto v = read_redis_tls(s, r); !v) return v;
   auto db = s.integer_or("database", r.database, 0, 1'000'000);
   if (!db) return db.error();
   r.database = static_cast<int>(*db);

@@ -85,7 +85,8 @@ struct backend_settings {
   /// type = "redis": every option of the Redis backend, read from the same table under the names
   /// of its fields — `addresses`, `username`, `password`, `database`, `key_prefix`, `on_error`,
   /// `max_pending`, `breaker_failure_threshold` — durations in ms: `timeout_ms` (command_timeout),
-  /// `connect_timeout_ms`, `breaker_probe_interval_ms`, `error_log_interval_ms`.
+  /// `connect_timeout_ms`, `breaker_probe_interval_ms`, `error_log_interval_ms` — and TLS: `tls`,
+  /// `tls_ca_file`, `tls_ca_dir`, `tls_cert_file`, `tls_key_file`, `tls_server_name`, `tls_verify`.
   /// Defaults: redis_options's (redis_options.hpp).
   redis_options redis;
   /// Memory backend: hard cap on live keys per rule. Default: 1,000,000.

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -28,12 +27,14 @@
 #include <vector>
 
 #include "integration/redis/redis_server.hpp"
+#include "support/log_capture.hpp"
 #include "support/prepared.hpp"
 #include "redis/command.hpp"  // the reply bounds
 
 namespace sluice {
 namespace {
 
+using sluice::testing::log_capture;
 using sluice::testing::prepared;
 
 using namespace std::chrono_literals;
@@ -350,24 +351,6 @@ TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
   }
 }
 
-// What the backend logs while it lives, in place of the default logger.
-class log_capture {
- public:
-  log_capture() : previous_(spdlog::default_logger()) {
-    spdlog::set_default_logger(
-        std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)));
-  }
-  ~log_capture() { spdlog::set_default_logger(previous_); }
-  std::string text() {
-    spdlog::default_logger()->flush();
-    return out_.str();
-  }
-
- private:
-  std::ostringstream out_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
-
 // A valid reply of window_rule's script: admitted, 999 left, {allowed, remaining, retry µs, reset µs,
 // server µs}.
 const std::string admitted_reply = "*5\r\n:1\r\n:999\r\n:0\r\n:60000000\r\n:1700000000000000\r\n";
@@ -660,10 +643,7 @@ TEST(RedisFaultTest, ErrorsAreLoggedAtMostOncePerIntervalWithTheirCount) {
   redis_server redis;
   const std::string address = redis.address();
   redis.kill();
-  std::ostringstream out;
-  auto previous = spdlog::default_logger();
-  spdlog::set_default_logger(
-      std::make_shared<spdlog::logger>("capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(out)));
+  log_capture capture;
   {
     auto b = make_redis_backend({.addresses = {address},
                                  .breaker_probe_interval = std::chrono::hours(1),  // no reconnect noise
@@ -676,9 +656,8 @@ TEST(RedisFaultTest, ErrorsAreLoggedAtMostOncePerIntervalWithTheirCount) {
     EXPECT_EQ((*b)->check({.rule = prepared(**b, window_rule).get(), .key = "k"})->source, decision_source::fail_open);
     EXPECT_EQ((*b)->stats().unavailable, 51u);
   }
-  spdlog::set_default_logger(previous);
   // 52 errors (the failed connection, 51 checks): a few lines, whose counts add up.
-  const std::string log = out.str();
+  const std::string log = capture.text();
   const std::regex report(R"(\((\d+) error\(s\) since the last report\))");
   int lines = 0;
   int total = 0;

@@ -32,9 +32,11 @@ class Topology : public ::testing::Test {
  protected:
   // One CLUSTER SHARDS node: [name, value, ...].
   redisReply* shard_node(std::string ip, long long port, std::string role,
-                         std::optional<std::string> endpoint = std::nullopt, std::string health = "online") {
+                         std::optional<std::string> endpoint = std::nullopt, std::string health = "online",
+                         std::optional<long long> tls_port = std::nullopt) {
     std::vector<redisReply*> f = {r.string("id"),  r.string("abc"), r.string("port"),
                                   r.integer(port), r.string("ip"),  r.string(std::move(ip))};
+    if (tls_port) f.insert(f.end(), {r.string("tls-port"), r.integer(*tls_port)});
     if (endpoint) f.insert(f.end(), {r.string("endpoint"), r.string(std::move(*endpoint))});
     f.insert(f.end(), {r.string("role"), r.string(std::move(role)), r.string("health"), r.string(std::move(health))});
     return r.array(std::move(f));
@@ -53,7 +55,7 @@ TEST_F(Topology, ClusterShards) {
       shard({r.string("10923"), r.string("16383")}, {shard_node("::1", 7001, "master")}),  // 7.0.x: strings
       shard({}, {shard_node("10.0.0.9", 7009, "master")}),  // a master without slots: left out
   });
-  auto owners = parse_cluster_shards(*reply, "seed");
+  auto owners = parse_cluster_shards(*reply, "seed", false);
   ASSERT_TRUE(owners.ok()) << owners.error().message;
   EXPECT_EQ(*owners, (std::vector<slot_owner>{{0, 100, "10.0.0.3:7000"},
                                               {200, 5460, "10.0.0.3:7000"},
@@ -61,16 +63,28 @@ TEST_F(Topology, ClusterShards) {
                                               {10923, 16383, "[::1]:7001"}}));
 }
 
+TEST_F(Topology, ClusterShardsOverTlsTakeTheTlsPort) {
+  // A node with tls-cluster on lists its TLS port beside the plaintext one (if any).
+  redisReply* both = shard_node("10.0.0.1", 6379, "master", std::nullopt, "online", 6380);
+  const redisReply* reply = r.array({shard({r.integer(0), r.integer(16383)}, {both})});
+  EXPECT_EQ(parse_cluster_shards(*reply, "seed", true)->front().master, "10.0.0.1:6380");
+  EXPECT_EQ(parse_cluster_shards(*reply, "seed", false)->front().master, "10.0.0.1:6379");
+  // Without a TLS port listed, its port is the one there is.
+  const redisReply* plain =
+      r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.2", 7000, "master")})});
+  EXPECT_EQ(parse_cluster_shards(*plain, "seed", true)->front().master, "10.0.0.2:7000");
+}
+
 TEST_F(Topology, ClusterShardsEndpoints) {
   // An empty endpoint is the node asked; "?" (unknown) falls back to the ip; neither usable: an error.
   const redisReply* empty = r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("", 7000, "master", "")})});
-  ASSERT_TRUE(parse_cluster_shards(*empty, "10.1.1.1").ok());
-  EXPECT_EQ(parse_cluster_shards(*empty, "10.1.1.1")->front().master, "10.1.1.1:7000");
+  ASSERT_TRUE(parse_cluster_shards(*empty, "10.1.1.1", false).ok());
+  EXPECT_EQ(parse_cluster_shards(*empty, "10.1.1.1", false)->front().master, "10.1.1.1:7000");
   const redisReply* unknown =
       r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.8", 7000, "master", "?")})});
-  EXPECT_EQ(parse_cluster_shards(*unknown, "10.1.1.1")->front().master, "10.0.0.8:7000");
+  EXPECT_EQ(parse_cluster_shards(*unknown, "10.1.1.1", false)->front().master, "10.0.0.8:7000");
   const redisReply* none = r.array({shard({r.integer(0), r.integer(16383)}, {shard_node("", 7000, "master", "?")})});
-  EXPECT_FALSE(parse_cluster_shards(*none, "10.1.1.1").ok());
+  EXPECT_FALSE(parse_cluster_shards(*none, "10.1.1.1", false).ok());
 }
 
 TEST_F(Topology, AFailedOldMasterListedFirstIsPassedOver) {
@@ -78,24 +92,24 @@ TEST_F(Topology, AFailedOldMasterListedFirstIsPassedOver) {
   const redisReply* reply = r.array(
       {shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed"),
                                                 shard_node("10.0.0.2", 7001, "master", std::nullopt, "online")})});
-  auto owners = parse_cluster_shards(*reply, "seed");
+  auto owners = parse_cluster_shards(*reply, "seed", false);
   ASSERT_TRUE(owners.ok());
   EXPECT_EQ(owners->front().master, "10.0.0.2:7001");
   const redisReply* only_failed = r.array(
       {shard({r.integer(0), r.integer(16383)}, {shard_node("10.0.0.1", 7000, "master", std::nullopt, "failed")})});
-  EXPECT_TRUE(parse_cluster_shards(*only_failed, "seed")->empty());  // its slots stay unknown
+  EXPECT_TRUE(parse_cluster_shards(*only_failed, "seed", false)->empty());  // its slots stay unknown
 }
 
 TEST_F(Topology, ClusterShardsWithoutAMasterLeavesItsSlotsUnknown) {
   const redisReply* reply = r.array({shard({r.integer(0), r.integer(99)}, {shard_node("10.0.0.2", 6379, "replica")})});
-  auto owners = parse_cluster_shards(*reply, "seed");
+  auto owners = parse_cluster_shards(*reply, "seed", false);
   ASSERT_TRUE(owners.ok());
   EXPECT_TRUE(owners->empty());
 }
 
 TEST_F(Topology, HostileClusterShardsAreErrors) {
   const auto refused = [&](const redisReply* reply) {
-    auto owners = parse_cluster_shards(*reply, "seed");
+    auto owners = parse_cluster_shards(*reply, "seed", false);
     return !owners.ok() && owners.error().code == errc::backend_protocol;
   };
   EXPECT_TRUE(refused(r.integer(1)));

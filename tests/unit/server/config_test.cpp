@@ -261,6 +261,13 @@ error_log_interval_ms = 0
 cluster_refresh_interval_ms = 2500
 max_batch = 16
 max_keys_per_rule = 5000
+tls = true
+tls_ca_file = "/etc/ssl/redis-ca.pem"
+tls_ca_dir = "/etc/ssl/redis-cas"
+tls_cert_file = "/etc/sluice/client.pem"
+tls_key_file = "/etc/sluice/client.key"
+tls_server_name = "redis.internal"
+tls_verify = false
 
 [[rules]]
 name = "api"
@@ -285,6 +292,13 @@ window = 60
   EXPECT_EQ(r.error_log_interval, 0ms);
   EXPECT_EQ(r.cluster_refresh_interval, 2500ms);
   EXPECT_EQ(r.max_batch, 16u);
+  EXPECT_TRUE(r.tls);
+  EXPECT_EQ(r.tls_ca_file, "/etc/ssl/redis-ca.pem");
+  EXPECT_EQ(r.tls_ca_dir, "/etc/ssl/redis-cas");
+  EXPECT_EQ(r.tls_cert_file, "/etc/sluice/client.pem");
+  EXPECT_EQ(r.tls_key_file, "/etc/sluice/client.key");
+  EXPECT_EQ(r.tls_server_name, "redis.internal");
+  EXPECT_FALSE(r.tls_verify);
   EXPECT_EQ(r.clock_for_test, nullptr);
   EXPECT_EQ(c->backend.max_keys_per_rule, 5000u);
 
@@ -332,6 +346,9 @@ TEST(Config, BadValueOfEachBackendKey) {
       {"max_keys_per_rule = 0", "21: max_keys_per_rule must be between 1 and 1000000000, got 0"},
       {"max_batch = 0", "13: max_batch must be between 1 and 1000, got 0"},
       {"cluster_refresh_interval_ms = 0", "31: cluster_refresh_interval_ms must be between 1 and 86400000, got 0"},
+      {"tls = \"yes\"", "7: tls must be a boolean, got a string"},
+      {"tls_ca_file = \"/ca.pem\"", "15: tls_ca_file needs tls = true"},
+      {"tls_verify = false", "14: tls_verify needs tls = true"},
       {"breaker_threshold = 5", "1: unknown key 'breaker_threshold' in [backend]"},
   };
   for (const bad_case& c : cases) {
