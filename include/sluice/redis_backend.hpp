@@ -111,6 +111,7 @@ struct redis_backend_stats {
   std::uint64_t retries = 0;             ///< Cluster: checks retried after TRYAGAIN or CLUSTERDOWN.
   std::uint64_t topology_refreshes = 0;  ///< Cluster: slot maps read.
   std::uint64_t masters = 0;             ///< Cluster: masters in the current slot map.
+  std::uint64_t master_switches = 0;     ///< Sentinel: times the master moved to another address.
   std::uint64_t pending = 0;             ///< Checks waiting right now.
   bool circuit_open = false;             ///< True while checks to a server (on a cluster: to some master) fail fast.
   bool out_of_memory = false;            ///< Redis refuses scripts over maxmemory (ready() is false).
@@ -154,5 +155,19 @@ result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_op
 /// As above, on the caller's io_context (see make_redis_backend).
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
                                                                   boost::asio::io_context& io);
+
+/// The same limits on the master that Redis Sentinel watches under `options.master_name`, found by
+/// asking the sentinels at `options.addresses` in turn (with sentinel_username/sentinel_password;
+/// username and password are the master's). Its ROLE is confirmed before a check is sent; a
+/// failover is followed from the sentinels' +switch-master, and from READONLY, LOADING or a lost
+/// connection, within `command_timeout` for what waits, as on one Redis otherwise. Replication is
+/// asynchronous: the last checks a master admitted before a failover can be lost with it, so a key
+/// may admit up to that many more than its limit once. `ready()` is true while a confirmed master
+/// answers. Errors: as make_redis_backend, and an empty master_name.
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options);
+
+/// As above, on the caller's io_context (see make_redis_backend).
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options,
+                                                                   boost::asio::io_context& io);
 
 }  // namespace sluice

@@ -22,13 +22,25 @@ namespace sluice {
 
 struct redis_options {
   /// Servers as "host:port", "[v6addr]:port" or "unix:/path/to.sock". A single Redis uses the first;
-  /// a Redis Cluster takes them all as seeds, any of which can tell the rest.
-  /// Default: {"127.0.0.1:6379"}.
+  /// a Redis Cluster takes them all as seeds, any of which can tell the rest; with Sentinel they are
+  /// the sentinels, asked in turn where the master is. Default: {"127.0.0.1:6379"}.
   std::vector<std::string> addresses{"127.0.0.1:6379"};
   /// ACL user name for AUTH; empty means the default user. Default: "".
   std::string username;
   /// Password for AUTH; empty means no AUTH. Default: "".
   std::string password;
+  /// Redis Sentinel: the name of the master the sentinels watch (`sentinel monitor NAME ...`).
+  /// Required by make_redis_sentinel_backend, unused by the others. Default: "".
+  std::string master_name;
+  /// Redis Sentinel: AUTH on the sentinels, which have users of their own (username and password
+  /// are the master's). Empty password: no AUTH. Default: "".
+  std::string sentinel_username;
+  std::string sentinel_password;
+  /// After each script call, WAIT until this many replicas have its writes (at most
+  /// command_timeout); a check whose writes reached fewer follows `on_error`. Replication is
+  /// asynchronous: without it, the admissions a master made just before a failover can be lost with
+  /// it. Costs checks/s: the connection waits for each call's WAIT. 0..64. Default: 0 (no WAIT).
+  int wait_replicas = 0;
   /// Database selected after connecting; 0 on a Redis Cluster. Default: 0.
   int database = 0;
   /// TLS to every server (one Redis, each Cluster node), TLS 1.2 or later; not on unix sockets.

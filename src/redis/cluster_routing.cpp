@@ -37,6 +37,10 @@ node* redis_core::node_at(const std::string& address) {
 // No master is known for the check's slot (before the first map, or a shard without a master): it
 // waits for the next map, unless no node could give one.
 void redis_core::await_map(const op_ptr& o) {
+  if (sentinel_) {
+    awaiting_map_.push_back(o);  // sent when a master's handshake is answered (on_node_ready)
+    return;
+  }
   const bool reachable = std::any_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
     return e.second->conn->open() || e.second->conn->resolving();
   });
@@ -228,7 +232,7 @@ void redis_core::retire_idle_nodes() {
 
 // Every slot has a master, and each master answers (connected, circuit closed, not out of memory).
 bool redis_core::healthy() const {
-  if (!cluster_) return single_->ready && !single_->out_of_memory && !single_->circuit.is_open();
+  if (!cluster_) return single_ && single_->ready && !single_->out_of_memory && !single_->circuit.is_open();
   if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
   return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
     const node& n = *e.second;

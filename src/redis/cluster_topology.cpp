@@ -166,6 +166,7 @@ reply_error classify_error(std::string_view m) noexcept {
   if (word("TRYAGAIN")) return reply_error::tryagain;
   if (word("CLUSTERDOWN")) return reply_error::clusterdown;
   if (word("READONLY")) return reply_error::readonly;
+  if (word("LOADING")) return reply_error::loading;
   if (word("NOSCRIPT")) return reply_error::noscript;
   if (word("OOM")) return reply_error::oom;
   return reply_error::other;

@@ -54,6 +54,7 @@ enum class reply_error {
   tryagain,     ///< TRYAGAIN: the slot is being migrated and the keys are split; retry shortly.
   clusterdown,  ///< CLUSTERDOWN: the cluster cannot serve the slot now; retry shortly.
   readonly,     ///< READONLY: a replica (an old master after failover); refresh the map.
+  loading,      ///< LOADING: a restarted server loading its data; with Sentinel, ask where the master is.
   noscript,     ///< NOSCRIPT: the node does not know the script; send its body.
   oom,          ///< OOM: over maxmemory.
 };

@@ -211,9 +211,10 @@ inline constexpr std::size_t max_reply_line = 64 << 10;
 /// What a bounded reader has made of the reply it is reading, and what it refused.
 struct reply_budget {
   enum class refusal { none, array, values, string_bytes, unsolicited };
-  /// Replies the reader may still make: one per command queued on the connection (sluice never
-  /// subscribes or monitors); a reply no command waits for would answer the wrong one, so the reader
-  /// refuses it first. A reader fed by hand (tests, the fuzzer) leaves it unbounded.
+  /// Replies the reader may still make: one per command queued on the connection; a reply no
+  /// command waits for would answer the wrong one, so the reader refuses it first (the one
+  /// subscriber, to a sentinel's +switch-master, leaves it unbounded). A reader fed by hand (tests, the fuzzer) leaves
+  /// it unbounded.
   std::size_t awaited = std::numeric_limits<std::size_t>::max();
   std::size_t values = 0;        ///< values made, and promised by the arrays read
   std::size_t string_bytes = 0;  ///< bytes of the strings made

@@ -12,6 +12,7 @@
 #include <boost/asio/ssl/stream.hpp>
 #include <boost/asio/write.hpp>
 #include <deque>
+#include <limits>
 #include <type_traits>
 #include <utility>
 #include <variant>
@@ -27,12 +28,35 @@ using tcp_socket = asio::ip::tcp::socket;
 using unix_socket = asio::local::stream_protocol::socket;
 using tls_stream = asio::ssl::stream<tcp_socket>;
 
-std::string address_of(const endpoint& e) {
-  return e.unix_socket ? "unix:" + e.host : e.host + ":" + std::to_string(e.port);
+// WAIT's answer `acks` (the replicas that have the held reply's writes): `fn` gets the held reply
+// (an error reply too, which wrote nothing: NOSCRIPT must reach the engine as such), or an error.
+void answer_waited(redisReply* held, connection::reply_fn fn, void* privdata, const redisReply& acks, int wanted,
+                   const std::string& address) {
+  if (fn == nullptr) return;
+  if (held != nullptr &&
+      (held->type == REDIS_REPLY_ERROR || (acks.type == REDIS_REPLY_INTEGER && acks.integer >= wanted))) {
+    return fn(held, privdata);
+  }
+  std::string why = "NOREPLICAS " + address + ": the writes reached " +
+                    (acks.type == REDIS_REPLY_INTEGER ? std::to_string(acks.integer) : std::string("no")) + " of " +
+                    std::to_string(wanted) + " replicas (wait_replicas) within the timeout";
+  redisReply error{};
+  error.type = REDIS_REPLY_ERROR;
+  error.str = why.data();
+  error.len = why.size();
+  fn(&error, privdata);
 }
 
-// One command in RESP, from its arguments.
-std::string format(std::initializer_list<std::string_view> args) {
+}  // namespace
+
+std::string address_of(const endpoint& e) {
+  if (e.unix_socket) return "unix:" + e.host;
+  // An IPv6 address in brackets, as Redis Cluster spells it (cluster_topology.hpp's node_address).
+  const bool v6 = e.host.find(':') != std::string::npos;
+  return (v6 ? "[" + e.host + "]" : e.host) + ":" + std::to_string(e.port);
+}
+
+std::string resp_command(std::initializer_list<std::string_view> args) {
   std::string out = "*" + std::to_string(args.size()) + "\r\n";
   for (std::string_view a : args) {
     out += "$" + std::to_string(a.size()) + "\r\n";
@@ -41,8 +65,6 @@ std::string format(std::initializer_list<std::string_view> args) {
   }
   return out;
 }
-
-}  // namespace
 
 result<endpoint> parse_endpoint(std::string_view a) {
   endpoint e;
@@ -66,7 +88,9 @@ struct connection::link {
   struct pending {
     reply_fn fn;
     void* privdata;
-    const char* step;  // a handshake step's name (the connection's own command), or nullptr
+    const char* step;    // a handshake step's name (the connection's own command), or nullptr
+    bool held = false;   // wait_replicas: the reply is held for fn until WAIT's answer, the next
+    bool waits = false;  // that WAIT: fn gets the held reply, or an error when too few replicas had it
   };
 
   link(const strand_type& strand, const endpoint& where, const tls_settings* tls) {
@@ -106,9 +130,10 @@ struct connection::link {
   // monostate only until the constructor emplaces the stream (sockets are made in place).
   std::variant<std::monostate, tcp_socket, unix_socket, tls_stream> stream;
   std::unique_ptr<redisReader, void (*)(redisReader*)> reader{nullptr, &redisReaderFree};
-  reply_budget budget{.awaited = 0};  // each command queued adds one
-  std::deque<pending> waiting;        // one per command written or to be written, in order
-  std::string unsent;                 // commands queued while `sending` is on the wire
+  std::unique_ptr<redisReply, void (*)(void*)> held{nullptr, &freeReplyObject};  // wait_replicas
+  reply_budget budget{.awaited = 0};                                             // each command queued adds one
+  std::deque<pending> waiting;  // one per command written or to be written, in order
+  std::string unsent;           // commands queued while `sending` is on the wire
   std::string sending;
   bool connected = false;  // the socket is connected; a TLS handshake may follow
   bool up = false;         // connected and the TLS handshake made: writes may go
@@ -118,14 +143,17 @@ struct connection::link {
 };
 
 connection::connection(const strand_type& strand, endpoint where, const redis_options& o,
-                       std::shared_ptr<const tls_settings> tls, events e)
+                       std::shared_ptr<const tls_settings> tls, events e, peer who)
     : strand_(strand),
       endpoint_(std::move(where)),
       address_(address_of(endpoint_)),
-      username_(o.username),
-      password_(o.password),
-      database_(o.database),
+      username_(who == peer::sentinel ? o.sentinel_username : o.username),
+      password_(who == peer::sentinel ? o.sentinel_password : o.password),
+      database_(who == peer::sentinel ? 0 : o.database),
       connect_timeout_(o.connect_timeout),
+      peer_(who),
+      wait_replicas_(who == peer::sentinel ? 0 : o.wait_replicas),
+      wait_command_(resp_command({"WAIT", std::to_string(o.wait_replicas), std::to_string(o.command_timeout.count())})),
       tls_(endpoint_.unix_socket ? nullptr : std::move(tls)),
       events_(std::move(e)),
       connect_timer_(strand) {}
@@ -158,6 +186,7 @@ void connection::connect() {
 void connection::connect_to(const std::string& host) {
   auto l = std::make_shared<link>(strand_, endpoint_, tls_.get());
   if (l->reader == nullptr) return events_.lost("cannot allocate a connection");
+  if (events_.message) l->budget.awaited = std::numeric_limits<std::size_t>::max();  // pushes come unasked
   link_ = l;
   ready_ = false;
   handshake();
@@ -212,26 +241,35 @@ void connection::on_transport(const link_ptr& l, const std::string& failure) {
 // The handshake goes first on the connection; commands queued behind it follow in order.
 void connection::handshake() {
   if (!password_.empty()) {
-    queue(username_.empty() ? format({"AUTH", password_}) : format({"AUTH", username_, password_}), nullptr, nullptr,
-          "AUTH");
+    queue(username_.empty() ? resp_command({"AUTH", password_}) : resp_command({"AUTH", username_, password_}), nullptr,
+          nullptr, "AUTH");
   }
-  if (database_ != 0) queue(format({"SELECT", std::to_string(database_)}), nullptr, nullptr, "SELECT");
-  for (const auto& s : scripts()) queue(format({"SCRIPT", "LOAD", s.body}), nullptr, nullptr, "SCRIPT LOAD");
-  queue(format({"TIME"}), nullptr, nullptr, "TIME");  // the first clock offset
-  queue(format({"PING"}), nullptr, nullptr, "PING");
+  if (peer_ != peer::sentinel) {
+    if (peer_ == peer::master) queue(resp_command({"ROLE"}), nullptr, nullptr, "ROLE");
+    if (database_ != 0) queue(resp_command({"SELECT", std::to_string(database_)}), nullptr, nullptr, "SELECT");
+    for (const auto& s : scripts()) queue(resp_command({"SCRIPT", "LOAD", s.body}), nullptr, nullptr, "SCRIPT LOAD");
+    queue(resp_command({"TIME"}), nullptr, nullptr, "TIME");  // the first clock offset
+  }
+  queue(resp_command({"PING"}), nullptr, nullptr, "PING");
 }
 
 bool connection::send(std::string_view resp, reply_fn fn, void* privdata) {
   if (link_ == nullptr) return false;
-  queue(resp, fn, privdata, nullptr);
+  if (wait_replicas_ > 0) {
+    // Answered once `wait_replicas` replicas have the command's writes too.
+    queue(resp, fn, privdata, nullptr, true);
+    queue(wait_command_, fn, privdata, nullptr, false, true);
+  } else {
+    queue(resp, fn, privdata, nullptr);
+  }
   flush(link_);
   return true;
 }
 
-void connection::queue(std::string_view resp, reply_fn fn, void* privdata, const char* step) {
+void connection::queue(std::string_view resp, reply_fn fn, void* privdata, const char* step, bool held, bool waits) {
   link_->unsent += resp;
-  link_->waiting.push_back({fn, privdata, step});
-  ++link_->budget.awaited;  // its reader may make one more reply
+  link_->waiting.push_back({fn, privdata, step, held, waits});
+  if (!events_.message) ++link_->budget.awaited;  // its reader may make one more reply (a subscriber's: any)
 }
 
 // One write at a time: what is queued meanwhile goes in the next.
@@ -289,12 +327,24 @@ void connection::on_read(const link_ptr& l, std::size_t n) {
     }
     if (reply == nullptr) break;
     l->replied = true;
-    // The budget made sure a command waits for this reply.
+    auto* r = static_cast<redisReply*>(reply);
+    if (l->waiting.empty()) {
+      // The budget let it through: a subscriber's message.
+      events_.message(*r);
+      freeReplyObject(r);
+      if (link_ != l) return;
+      continue;
+    }
     link::pending p = l->waiting.front();
     l->waiting.pop_front();
-    auto* r = static_cast<redisReply*>(reply);
     if (p.step != nullptr) {
       on_handshake_reply(p.step, *r);
+    } else if (p.held) {
+      l->held.reset(r);
+      continue;
+    } else if (p.waits) {
+      auto held = std::move(l->held);
+      answer_waited(held.get(), p.fn, p.privdata, *r, wait_replicas_, address_);
     } else if (p.fn != nullptr) {
       p.fn(r, p.privdata);
     }
@@ -314,7 +364,19 @@ void connection::on_handshake_reply(const char* step, const redisReply& reply) {
   if (reply.type == REDIS_REPLY_ERROR) {
     return drop(std::string(name) + " failed on " + address_ + ": " + std::string(reply.str, reply.len));
   }
-  if (name == "TIME") {
+  if (name == "ROLE") {
+    // ROLE's first element: "master", "slave" or "sentinel".
+    const bool master = reply.type == REDIS_REPLY_ARRAY && reply.elements > 0 &&
+                        reply.element[0]->type == REDIS_REPLY_STRING &&
+                        std::string_view(reply.element[0]->str, reply.element[0]->len) == "master";
+    if (!master) {
+      std::string role = "nothing readable";
+      if (reply.type == REDIS_REPLY_ARRAY && reply.elements > 0 && reply.element[0]->type == REDIS_REPLY_STRING) {
+        role = "\"" + std::string(reply.element[0]->str, std::min<std::size_t>(reply.element[0]->len, 32)) + "\"";
+      }
+      return drop(address_ + " is not a master (ROLE says " + role + "): nothing is sent to it");
+    }
+  } else if (name == "TIME") {
     if (std::int64_t t = parse_time_reply(reply); t >= 0) events_.server_time(t);
   } else if (name == "PING") {
     ready_ = true;
@@ -349,7 +411,8 @@ void connection::end(const std::string& why, bool tell) {
   auto waiting = std::move(l->waiting);
   l->waiting.clear();
   for (const auto& p : waiting) {
-    if (p.step == nullptr && p.fn != nullptr) p.fn(nullptr, p.privdata);
+    // A held reply's callback is its WAIT's.
+    if (p.step == nullptr && !p.held && p.fn != nullptr) p.fn(nullptr, p.privdata);
   }
   if (tell) events_.lost(why);
 }

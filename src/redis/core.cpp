@@ -40,11 +40,11 @@ struct redis_core::batch_box {
   node* to;
 };
 
-redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster,
+redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, topology t,
                        std::shared_ptr<const tls_settings> tls, asio::io_context& io,
                        std::unique_ptr<memory_backend> local)
     : options_(o),
-      cluster_(cluster),
+      cluster_(t == topology::cluster),
       seeds_(std::move(seeds)),
       io_(io),
       tls_(std::move(tls)),
@@ -54,15 +54,20 @@ redis_core::redis_core(const redis_options& o, std::vector<endpoint> seeds, bool
       log_(o.error_log_interval),
       refresh_timer_(strand_),
       lease_timer_(strand_) {
-  if (cluster_) {
-    slots_.assign(slot_count, nullptr);
-  } else {
-    single_ = make_node(seeds_.front());
+  switch (t) {
+    case topology::one_server: single_ = make_node(seeds_.front()); break;
+    case topology::cluster: slots_.assign(slot_count, nullptr); break;
+    case topology::sentinel:
+      // Its callback runs on the strand before do_shutdown stops it: `this` is alive.
+      sentinel_ = std::make_shared<sentinel_watch>(strand_, seeds_, options_, tls_,
+                                                   [this](const endpoint& master) { on_master(master); });
+      break;
   }
 }
 
 void redis_core::start() {
   asio::post(strand_, [self = shared_from_this()] {
+    if (self->sentinel_) return self->sentinel_->start();
     if (!self->cluster_) return self->single_->conn->connect();
     self->start_refresh();  // connects the seeds; the first to answer is asked for the map
   });
@@ -264,6 +269,7 @@ redis_backend_stats redis_core::stats() const {
   s.retries = retries_.load(std::memory_order_relaxed);
   s.topology_refreshes = topology_refreshes_.load(std::memory_order_relaxed);
   s.masters = masters_.load(std::memory_order_relaxed);
+  s.master_switches = master_switches_.load(std::memory_order_relaxed);
   s.pending = pending_.load(std::memory_order_relaxed);
   s.circuit_open = open_circuits_.load(std::memory_order_relaxed) > 0;
   s.out_of_memory = out_of_memory_.load(std::memory_order_relaxed);
@@ -298,6 +304,12 @@ void redis_core::send_to(node& n, const op_ptr& o, bool asking) {
   if (!n.conn->open()) {
     if (cluster_) request_refresh();
     return fail(o, errc::backend_unavailable, "not connected to " + n.address);
+  }
+  if (sentinel_ && !n.ready) {
+    // Not before ROLE has said it is the master (the handshake answered): a sentinel may name a
+    // replica.
+    n.unsent.emplace_back(o, asking);
+    return;
   }
   if (!options_.clock_for_test && n.clock.offset_us() == server_clock::unknown && !n.ready) {
     // A new node: sent once its handshake has read its clock, so that it carries a deadline (or,
@@ -571,6 +583,15 @@ bool redis_core::redirect(const op_ptr& o, node& n, std::string_view msg, bool a
     send_to(n, o, asking);
     return true;
   }
+  if (sentinel_ && (kind == reply_error::readonly || kind == reply_error::loading)) {
+    // An old master (now a replica), or one loading its data after a restart: the script did not
+    // run. The check waits for the master the sentinels name next.
+    redirections_.fetch_add(1, std::memory_order_relaxed);
+    n.conn->drop_soon(n.address + " answered " + std::string(msg.substr(0, msg.find(' '))) +
+                      ": no longer the master, asking the sentinels");
+    await_map(o);
+    return true;
+  }
   if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
   if (kind == reply_error::tryagain || kind == reply_error::clusterdown) {
     if (kind == reply_error::clusterdown) request_refresh();
@@ -796,7 +817,7 @@ void redis_core::expire_due() {
 
 // --- nodes ----------------------------------------------------------------------------------------
 
-node_ptr redis_core::make_node(const endpoint& where) {
+node_ptr redis_core::make_node(const endpoint& where, connection::peer who) {
   auto n = std::make_shared<node>(strand_, options_);
   node* raw = n.get();
   // The connection's events run on the strand, before do_shutdown or close_node closes it: `this`
@@ -810,9 +831,35 @@ node_ptr redis_core::make_node(const endpoint& where) {
                              [this, raw](std::int64_t us) {
                                raw->clock.observe(us, server_clock::local_now_us());
                                send_unsent(*raw);  // what waited for the clock
-                             }});
+                             }},
+      who);
   n->address = n->conn->address();  // cluster nodes: replaced by the map's spelling
   return n;
+}
+
+// The sentinels name `where` as the master: a new one takes the checks not yet sent to the old one
+// (waiting for its handshake or its batch's flush), which closes (what it had in flight completes
+// as unavailable).
+void redis_core::on_master(const endpoint& where) {
+  if (stopping_ || (single_ && single_->conn->where() == where)) return;  // the same: its probes reconnect it
+  std::vector<std::pair<op_ptr, bool>> unsent;
+  if (single_) {
+    spdlog::warn("sluice redis backend: the sentinels moved master \"{}\" from {} to {}", options_.master_name,
+                 single_->address, address_of(where));
+    master_switches_.fetch_add(1, std::memory_order_relaxed);
+    unsent = std::move(single_->unsent);
+    single_->unsent.clear();
+    for (auto& o : single_->batch) unsent.emplace_back(std::move(o), false);
+    single_->batch.clear();
+    close_node(*single_);
+  } else {
+    spdlog::info("sluice redis backend: the sentinels name {} as master \"{}\"", address_of(where),
+                 options_.master_name);
+  }
+  single_ = make_node(where, connection::peer::master);
+  for (auto& [o, asking] : unsent) awaiting_map_.push_back(o);
+  update_ready();
+  single_->conn->connect();
 }
 
 // No more events, waits or probes; what it still had in flight completes as unavailable.
@@ -845,6 +892,11 @@ void redis_core::on_node_ready(node& n) {
   update_ready();
   send_unsent(n);
   if (cluster_ && refresh_wanted_) start_refresh();
+  if (sentinel_) {
+    auto waiting = std::move(awaiting_map_);
+    awaiting_map_.clear();
+    for (auto& o : waiting) dispatch(o);
+  }
 }
 
 // The connection is gone (or never came): fail fast until a probe reconnects.
@@ -858,6 +910,7 @@ void redis_core::on_node_lost(node& n, const std::string& why) {
   open_circuit(n, why);
   update_ready();
   if (cluster_) request_refresh();  // a failover, perhaps: where its slots went, the map says
+  if (sentinel_) sentinel_->ask();  // the same: where the master went, the sentinels say
 }
 
 // `count` more consecutive failures of the node (checks it did not answer in time, or answered with
@@ -931,6 +984,7 @@ void redis_core::do_shutdown() {
   deadline_timer_.cancel();
   refresh_timer_.cancel();
   lease_timer_.cancel();
+  if (sentinel_) sentinel_->stop();
   if (single_) close_node(*single_);  // waiting checks complete with "unavailable"
   for (auto& [address, n] : nodes_) close_node(*n);
   for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");

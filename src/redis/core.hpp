@@ -2,20 +2,22 @@
 // on one Redis server or on a Redis Cluster.
 //
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
-// to the strand, routed to the node that serves it — the one server, or the master that owns its
-// slot — and sent on that node's connection (connection.hpp pipelines it behind the
-// others), alone or, while calls are in flight there, in one call of the batch script with the
-// checks that arrive meanwhile (one slot's, on a cluster). Its deadline is written when it is sent,
-// on that node's clock. It completes with the first of: its reply, its deadline, the connection's
-// loss. What Redis cannot answer follows on_error; each node's circuit breaker (breaker.hpp) stops
-// paying the timeout while that node is down.
+// to the strand, routed to the node that serves it — the one server, the master the sentinels
+// name (sentinel.hpp), or the master that owns its slot — and sent on that node's connection (connection.hpp pipelines
+// it behind the others), alone or, while calls are in flight there, in one call of the batch script with the checks
+// that arrive meanwhile (one slot's, on a cluster). Its deadline is written when it is sent, on that node's clock. It
+// completes with the first of: its reply, its deadline, the connection's loss. What Redis cannot answer follows
+// on_error; each node's circuit breaker (breaker.hpp) stops paying the timeout while that node is down.
 //
 // core.cpp holds the check's path; core_leases.cpp a leased rule's (lease_table.hpp);
 // cluster_routing.cpp the cluster's slot map (discovery from the
 // seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
-// check's deadline, and to another node at most max_redirects times. A reply that never came (a
+// check's deadline, and to another node at most max_redirects times. With Sentinel, READONLY and
+// LOADING (an old master, a restarted one) and a lost connection make the sentinels be asked again;
+// a check that a READONLY or LOADING reply refused waits, within its deadline, for the master they
+// name; a new master takes the checks not yet sent to the old one. A reply that never came (a
 // lost connection) is never resent: the script may have run.
 //
 // Thread-safe where marked; everything else runs on `strand_`.
@@ -41,6 +43,7 @@
 #include "redis/command.hpp"
 #include "redis/connection.hpp"
 #include "redis/lease_table.hpp"
+#include "redis/sentinel.hpp"
 #include "redis/server_clock.hpp"
 #include "redis/strand.hpp"
 #include "sluice/memory_backend.hpp"
@@ -163,11 +166,17 @@ inline constexpr std::chrono::milliseconds lease_sweep_interval{50};
 /// Slot map refreshes start at most this often (MOVED and lost connections ask for one).
 inline constexpr std::chrono::milliseconds min_refresh_gap{100};
 
+/// Which servers the checks go to.
+enum class topology : std::uint8_t {
+  one_server,  ///< The one at seeds[0].
+  cluster,     ///< A Redis Cluster, discovered from the seeds.
+  sentinel,    ///< The master the sentinels at the seeds name.
+};
+
 class redis_core : public std::enable_shared_from_this<redis_core> {
  public:
-  /// One Redis server at `seeds[0]`, or (cluster) a Redis Cluster discovered from `seeds`.
   /// `tls`: the TLS settings of every connection (tls.hpp), or nullptr for plaintext.
-  redis_core(const redis_options& o, std::vector<endpoint> seeds, bool cluster, std::shared_ptr<const tls_settings> tls,
+  redis_core(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
              asio::io_context& io, std::unique_ptr<memory_backend> local);
 
   void start();
@@ -183,6 +192,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void async_check_all(std::span<const check_request> checks, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return cluster_; }
+  bool sentinel() const noexcept { return sentinel_ != nullptr; }
   redis_backend_stats stats() const;
   /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
   /// lease call is in flight. Not on the io threads (there it only starts it).
@@ -245,7 +255,8 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void arm_lease_timer();
 
   // --- nodes: their connections' events, breakers, out of memory (core.cpp) ----------------------
-  node_ptr make_node(const endpoint& where);
+  node_ptr make_node(const endpoint& where, connection::peer who = connection::peer::server);
+  void on_master(const endpoint& where);
   void close_node(node& n);
   void on_node_ready(node& n);
   void on_node_lost(node& n, const std::string& why);
@@ -256,7 +267,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void do_shutdown();
 
   // --- the slot map (cluster_routing.cpp) --------------------------------------------------------
-  node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }
+  node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }  // null: wait
   node* node_at(const std::string& address);
   void await_map(const op_ptr& o);
   void request_refresh();
@@ -282,11 +293,12 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   log_throttle log_;
 
   // Strand only.
-  node_ptr single_;                             // single Redis
+  node_ptr single_;                             // single Redis; sentinel: the master (null until named)
+  std::shared_ptr<sentinel_watch> sentinel_;    // sentinel
   std::map<std::string, node_ptr> nodes_;       // cluster: by address
   std::vector<node*> slots_;                    // cluster: the master of each slot; null: unknown
   std::deque<op_ptr> inflight_;                 // accepted and not yet failed by the deadline, in deadline order
-  std::vector<op_ptr> awaiting_map_;            // cluster: no master known for their slot yet
+  std::vector<op_ptr> awaiting_map_;            // no master known for their slot (sentinel: at all) yet
   asio::steady_timer refresh_timer_;            // cluster
   std::uint64_t refresh_timer_generation_ = 0;  // a wait of an older generation was replaced
   steady::time_point refresh_due_{};            // when the armed wait ends (if armed)
@@ -316,7 +328,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   std::atomic<int> open_circuits_{0};
   std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},
       overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, script_reloads_{0}, connects_{0},
-      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0}, calls_{0};
+      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0}, calls_{0}, master_switches_{0};
 };
 
 }  // namespace sluice::detail

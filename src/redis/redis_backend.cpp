@@ -111,6 +111,10 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
            st.out_of_memory ? 1 : 0);
     core_->append_lease_metrics(out);
+    if (core_->sentinel()) {
+      metric("sluice_redis_sentinel_master_switches_total", "counter",
+             "Times the sentinels moved the master to another address.", st.master_switches);
+    }
     if (!core_->cluster()) return;
     metric("sluice_redis_cluster_redirections_total", "counter", "Checks sent on by MOVED, ASK or READONLY.",
            st.redirections);
@@ -128,16 +132,29 @@ class redis_backend_impl final : public redis_backend {
   std::thread thread_;
 };
 
-// The servers to connect to: the first address for a single Redis, every one (the seeds) for a
-// cluster.
-result<std::vector<detail::endpoint>> validate_options(const redis_options& o, bool cluster) {
+using detail::topology;
+
+// The servers to connect to: the first address for a single Redis, every one for a cluster (the
+// seeds) or Sentinel (the sentinels).
+result<std::vector<detail::endpoint>> validate_options(const redis_options& o, topology t) {
   if (o.addresses.empty()) return {errc::invalid_argument, "redis addresses must not be empty"};
   std::vector<detail::endpoint> seeds;
   for (const std::string& a : o.addresses) {
     auto ep = detail::parse_endpoint(a);
     if (!ep) return ep.error();
     seeds.push_back(std::move(*ep));
-    if (!cluster) break;
+    if (t == topology::one_server) break;
+  }
+  const bool cluster = t == topology::cluster;
+  if (t == topology::sentinel) {
+    // +switch-master names it among words split at spaces.
+    if (o.master_name.empty()) return {errc::invalid_argument, "redis master_name must be set for Redis Sentinel"};
+    if (o.master_name.size() > 256 || o.master_name.find_first_of(" \t\r\n") != std::string::npos) {
+      return {errc::invalid_argument, "redis master_name must be at most 256 bytes, without spaces"};
+    }
+    if (!o.sentinel_username.empty() && o.sentinel_password.empty()) {
+      return {errc::invalid_argument, "redis sentinel_username needs a sentinel_password"};
+    }
   }
   if (cluster && o.database != 0) {
     return {errc::invalid_argument, "redis database must be 0 on a Redis Cluster (it has no other)"};
@@ -150,6 +167,7 @@ result<std::vector<detail::endpoint>> validate_options(const redis_options& o, b
   }
   if (o.key_prefix.size() > 256) return {errc::invalid_argument, "redis key_prefix is longer than 256 bytes"};
   if (o.database < 0) return {errc::invalid_argument, "redis database must be >= 0"};
+  if (o.wait_replicas < 0 || o.wait_replicas > 64) return {errc::invalid_argument, "redis wait_replicas must be 0..64"};
   if (o.connect_timeout <= std::chrono::milliseconds::zero())
     return {errc::invalid_argument, "redis connect_timeout must be > 0"};
   if (o.command_timeout <= std::chrono::milliseconds::zero())
@@ -180,8 +198,8 @@ result<std::unique_ptr<memory_backend>> make_local(const redis_options& o) {
 }
 
 // A backend on its own io thread (io == nullptr) or on the caller's io_context.
-result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, bool cluster, asio::io_context* io) {
-  auto seeds = validate_options(options, cluster);
+result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, topology t, asio::io_context* io) {
+  auto seeds = validate_options(options, t);
   if (!seeds) return seeds.error();
   auto tls = detail::make_tls_settings(options);
   if (!tls) return tls.error();
@@ -198,27 +216,34 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
   } else {
     impl = std::make_unique<redis_backend_impl>();
   }
-  impl->start(
-      std::make_shared<redis_core>(options, std::move(*seeds), cluster, std::move(*tls), *io, std::move(*local)));
+  impl->start(std::make_shared<redis_core>(options, std::move(*seeds), t, std::move(*tls), *io, std::move(*local)));
   return std::unique_ptr<redis_backend>(std::move(impl));
 }
 
 }  // namespace
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
-  return make_backend(options, false, nullptr);
+  return make_backend(options, topology::one_server, nullptr);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, asio::io_context& io) {
-  return make_backend(options, false, &io);
+  return make_backend(options, topology::one_server, &io);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options) {
-  return make_backend(options, true, nullptr);
+  return make_backend(options, topology::cluster, nullptr);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options, asio::io_context& io) {
-  return make_backend(options, true, &io);
+  return make_backend(options, topology::cluster, &io);
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options) {
+  return make_backend(options, topology::sentinel, nullptr);
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options, asio::io_context& io) {
+  return make_backend(options, topology::sentinel, &io);
 }
 
 }  // namespace sluice

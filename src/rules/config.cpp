@@ -489,6 +489,38 @@ result<void> read_redis_tls(const section& s, redis_options& r) {
   return {};
 }
 
+// type = "redis_sentinel": the sentinels (as the backend's addresses), the master's name and the
+// sentinels' own AUTH; these keys belong to no other type, and `addresses` not to this one.
+result<void> read_sentinel(const section& s, const reporter& rep, bool sentinel, redis_options& r) {
+  if (!sentinel) {
+    for (const char* key : {"sentinels", "master_name", "sentinel_username", "sentinel_password"}) {
+      if (s.has(key)) return s.bad(key, "needs type = \"redis_sentinel\"");
+    }
+    return {};
+  }
+  if (s.has("addresses")) return s.bad("addresses", "is not read with type = \"redis_sentinel\": set sentinels");
+  auto sentinels = read_addresses(s, rep, "sentinels", valid_redis_address,
+                                  "each sentinel must be a \"host:port\" string (port 1-65535)");
+  if (!sentinels) return sentinels.error();
+  if (!*sentinels) return s.missing("sentinels", "(the sentinels' \"host:port\" addresses)");
+  r.addresses = std::move(**sentinels);
+  if (!s.has("master_name")) return s.missing("master_name", "(the name the sentinels monitor the master under)");
+  auto name = s.string("master_name", "");
+  if (!name) return name.error();
+  if (name->empty() || name->size() > 256 || name->find_first_of(" \t\r\n") != std::string::npos) {
+    return s.bad("master_name", "must be 1 to 256 bytes, without spaces");
+  }
+  r.master_name = *name;
+  auto user = s.string("sentinel_username", "");
+  if (!user) return user.error();
+  auto pass = s.string("sentinel_password", "");
+  if (!pass) return pass.error();
+  if (!user->empty() && pass->empty()) return s.bad("sentinel_username", "needs a sentinel_password");
+  r.sentinel_username = *user;
+  r.sentinel_password = *pass;
+  return {};
+}
+
 result<void> read_backend(const section& s, const reporter& rep, config& out) {
   if (auto v = s.only({"type",
                        "addresses",
@@ -512,7 +544,12 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
                        "tls_cert_file",
                        "tls_key_file",
                        "tls_server_name",
-                       "tls_verify"});
+                       "tls_verify",
+                       "sentinels",
+                       "master_name",
+                       "sentinel_username",
+                       "sentinel_password",
+                       "wait_replicas"});
       !v) {
     return v.error();
   }
@@ -526,13 +563,18 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
     b.type = backend_type::redis;
   } else if (*type == "redis_cluster") {
     b.type = backend_type::redis_cluster;
+  } else if (*type == "redis_sentinel") {
+    b.type = backend_type::redis_sentinel;
   } else {
-    return s.bad("type", "must be memory, redis or redis_cluster, got \"" + *type + "\"");
+    return s.bad("type", "must be memory, redis, redis_cluster or redis_sentinel, got \"" + *type + "\"");
   }
-  auto addresses = read_addresses(s, rep, "addresses", valid_redis_address,
-                                  "each address must be a \"host:port\" string (port 1-65535) or \"unix:/path\"");
-  if (!addresses) return addresses.error();
-  if (*addresses) r.addresses = std::move(**addresses);
+  if (auto v = read_sentinel(s, rep, b.type == backend_type::redis_sentinel, r); !v) return v;
+  if (b.type != backend_type::redis_sentinel) {
+    auto addresses = read_addresses(s, rep, "addresses", valid_redis_address,
+                                    "each address must be a \"host:port\" string (port 1-65535) or \"unix:/path\"");
+    if (!addresses) return addresses.error();
+    if (*addresses) r.addresses = std::move(**addresses);
+  }
   auto user = s.string("username", r.username);
   if (!user) return user.error();
   r.username = *user;
@@ -581,6 +623,9 @@ result<void> read_backend(const section& s, const reporter& rep, config& out) {
   auto batch = s.integer_or("max_batch", static_cast<std::int64_t>(r.max_batch), 1, 1000);
   if (!batch) return batch.error();
   r.max_batch = static_cast<std::size_t>(*batch);
+  auto wait = s.integer_or("wait_replicas", r.wait_replicas, 0, 64);
+  if (!wait) return wait.error();
+  r.wait_replicas = static_cast<int>(*wait);
   auto threshold = s.integer_or("breaker_failure_threshold", r.breaker_failure_threshold, 1, 1'000'000);
   if (!threshold) return threshold.error();
   r.breaker_failure_threshold = static_cast<int>(*threshold);
@@ -848,6 +893,7 @@ std::string_view to_string(backend_type t) noexcept {
     case backend_type::memory: return "memory";
     case backend_type::redis: return "redis";
     case backend_type::redis_cluster: return "redis_cluster";
+    case backend_type::redis_sentinel: return "redis_sentinel";
   }
   return "unknown";
 }

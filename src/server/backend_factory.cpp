@@ -10,7 +10,8 @@ result<void> check_servable(const config& cfg) {
   switch (cfg.backend.type) {
     case backend_type::memory: return {};
     case backend_type::redis:
-    case backend_type::redis_cluster: return check_servable_on_redis(cfg);
+    case backend_type::redis_cluster:
+    case backend_type::redis_sentinel: return check_servable_on_redis(cfg);
   }
   return {errc::config_invalid, "unknown backend type"};
 }

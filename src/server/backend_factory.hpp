@@ -13,7 +13,7 @@
 
 namespace sluice::server {
 
-/// The backend `settings` describe: memory, redis or redis_cluster (the last two when sluiced is
+/// The backend `settings` describe: memory, redis, redis_cluster or redis_sentinel (the Redis ones when sluiced is
 /// built with the Redis component; otherwise an error that says so).
 result<std::unique_ptr<backend>> make_backend(const backend_settings& settings);
 

@@ -13,7 +13,9 @@ result<void> check_servable_on_redis(const config& cfg) {
 }
 
 result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s) {
-  auto b = s.type == backend_type::redis ? make_redis_backend(s.redis) : make_redis_cluster_backend(s.redis);
+  auto b = s.type == backend_type::redis_cluster    ? make_redis_cluster_backend(s.redis)
+           : s.type == backend_type::redis_sentinel ? make_redis_sentinel_backend(s.redis)
+                                                    : make_redis_backend(s.redis);
   if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
   return std::unique_ptr<backend>(std::move(*b));
 }

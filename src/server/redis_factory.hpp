@@ -14,7 +14,7 @@ namespace sluice::server {
 /// Whether every rule of `cfg` can be computed exactly on Redis (validate_for_redis).
 result<void> check_servable_on_redis(const config& cfg);
 
-/// The redis or redis_cluster backend `s` describes.
+/// The redis, redis_cluster or redis_sentinel backend `s` describes.
 result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s);
 
 }  // namespace sluice::server

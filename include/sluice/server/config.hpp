@@ -40,7 +40,7 @@
 namespace sluice::server {
 
 /// Where limiter state lives.
-enum class backend_type : std::uint8_t { memory, redis, redis_cluster };
+enum class backend_type : std::uint8_t { memory, redis, redis_cluster, redis_sentinel };
 
 std::string_view to_string(backend_type t) noexcept;
 
@@ -80,14 +80,16 @@ struct server_settings {
 
 /// [backend]
 struct backend_settings {
-  /// memory | redis | redis_cluster. Default: memory.
+  /// memory | redis | redis_cluster | redis_sentinel. Default: memory.
   backend_type type = backend_type::memory;
   /// type = "redis": every option of the Redis backend, read from the same table under the names
   /// of its fields — `addresses`, `username`, `password`, `database`, `key_prefix`, `on_error`,
   /// `max_pending`, `breaker_failure_threshold` — durations in ms: `timeout_ms` (command_timeout),
   /// `connect_timeout_ms`, `breaker_probe_interval_ms`, `error_log_interval_ms` — and TLS: `tls`,
   /// `tls_ca_file`, `tls_ca_dir`, `tls_cert_file`, `tls_key_file`, `tls_server_name`, `tls_verify`.
-  /// Defaults: redis_options's (redis_options.hpp).
+  /// type = "redis_sentinel": `sentinels` (read into addresses, which is then not allowed),
+  /// `master_name`, `sentinel_username`, `sentinel_password`. Defaults: redis_options's
+  /// (redis_options.hpp).
   redis_options redis;
   /// Memory backend: hard cap on live keys per rule. Default: 1,000,000.
   std::size_t max_keys_per_rule = 1'000'000;

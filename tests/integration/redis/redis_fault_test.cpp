@@ -7,12 +7,6 @@
 // under test; the margins are wide enough for sanitizer builds on a loaded machine.
 #include "sluice/redis_backend.hpp"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
@@ -27,6 +21,7 @@
 #include <vector>
 
 #include "integration/redis/redis_server.hpp"
+#include "integration/redis/scripted_server.hpp"
 #include "support/log_capture.hpp"
 #include "support/prepared.hpp"
 #include "redis/command.hpp"  // the reply bounds
@@ -201,48 +196,24 @@ TEST(RedisFaultTest, ChecksThatTimedOutAreNotAppliedLater) {
 
 // Over maxmemory every script is refused whole (none writes a byte), readiness goes false, and it
 // comes back by itself once memory is free, with no check needed to find out.
-// Not Redis: on 127.0.0.1, it answers every command of the handshake +OK (PING +PONG), then every
-// script call with its script reply (set_script_reply may change it). As a cluster it also serves
-// every slot itself (CLUSTER SLOTS; CLUSTER SHARDS is refused, as before Redis 7). Reads RESP
-// commands just well enough for that; serves one connection at a time until destroyed.
+// Not Redis: it answers every command of the handshake +OK (PING +PONG), then every script call
+// with its script reply (set_script_reply may change it). As a cluster it also serves every slot
+// itself (CLUSTER SLOTS; CLUSTER SHARDS is refused, as before Redis 7).
 class hostile_server {
  public:
   explicit hostile_server(std::string script_reply, bool cluster = false)
-      : script_reply_(std::move(script_reply)), cluster_(cluster) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 4) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ADD_FAILURE() << "cannot listen on 127.0.0.1";
-    }
-    port_ = ntohs(a.sin_port);
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~hostile_server() {
-    stop_ = true;
-    thread_.join();
-    ::close(listener_);
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+      : script_reply_(std::move(script_reply)),
+        cluster_(cluster),
+        server_([this](const std::vector<std::string>& command) { return reply_to(command); }) {}
+  std::string address() const { return server_.address(); }
   int script_calls() const { return script_calls_.load(); }
-  int connections() const { return connections_.load(); }
+  int connections() const { return server_.connections(); }
   void set_script_reply(std::string reply) {
     std::lock_guard lock(mutex_);
     script_reply_ = std::move(reply);
   }
 
  private:
-  // Waits (bounded, so that stop_ is seen) until `fd` is readable.
-  bool readable(int fd) {
-    pollfd p{fd, POLLIN, 0};
-    while (!stop_) {
-      if (::poll(&p, 1, 20) > 0) return true;
-    }
-    return false;
-  }
   std::string reply_to(const std::vector<std::string>& command) {
     const std::string& name = command.front();
     if (name == "EVALSHA" || name == "EVAL") {
@@ -250,64 +221,19 @@ class hostile_server {
       std::lock_guard lock(mutex_);
       return script_reply_;
     }
-    if (name == "PING") return pong;
+    if (name == "PING") return "+PONG\r\n";
     if (cluster_ && name == "CLUSTER" && command.size() > 1 && command[1] == "SLOTS") {
-      return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port_) + "\r\n";
+      return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(server_.port()) + "\r\n";
     }
     if (name == "CLUSTER") return "-ERR unknown subcommand\r\n";
-    return ok;
-  }
-  void serve() {
-    while (readable(listener_)) {
-      const int fd = ::accept(listener_, nullptr, nullptr);
-      if (fd < 0) continue;
-      connections_.fetch_add(1);
-      std::string in;
-      char buf[4096];
-      while (readable(fd)) {
-        const ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n <= 0) break;
-        in.append(buf, static_cast<std::size_t>(n));
-        std::string out;  // in one send: no small segment waits for another's ACK
-        while (auto command = next_command(in)) out += reply_to(*command);
-        if (::send(fd, out.data(), out.size(), MSG_NOSIGNAL) < 0) break;
-      }
-      ::close(fd);
-    }
-  }
-  // The first whole command in `in` (its arguments), which it then drops; nullopt until one is whole.
-  static std::optional<std::vector<std::string>> next_command(std::string& in) {
-    std::size_t at = 0;
-    auto number = [&](char lead) -> std::optional<long> {
-      const std::size_t crlf = in.find("\r\n", at);
-      if (at >= in.size() || in[at] != lead || crlf == std::string::npos) return std::nullopt;
-      const long n = std::stol(in.substr(at + 1, crlf - at - 1));
-      at = crlf + 2;
-      return n;
-    };
-    const auto argc = number('*');
-    if (!argc || *argc < 1) return std::nullopt;
-    std::vector<std::string> args;
-    for (long i = 0; i < *argc; ++i) {
-      const auto len = number('$');
-      if (!len || at + static_cast<std::size_t>(*len) + 2 > in.size()) return std::nullopt;
-      if (i < 2) args.push_back(in.substr(at, static_cast<std::size_t>(*len)));  // the name, a subcommand
-      at += static_cast<std::size_t>(*len) + 2;
-    }
-    in.erase(0, at);
-    return args;
+    return "+OK\r\n";
   }
 
-  inline static const std::string ok = "+OK\r\n", pong = "+PONG\r\n";
   std::mutex mutex_;
   std::string script_reply_;  // guarded by mutex_
   const bool cluster_;
-  int listener_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stop_{false};
   std::atomic<int> script_calls_{0};
-  std::atomic<int> connections_{0};
-  std::thread thread_;
+  testing::scripted_server server_;  // last: its thread calls reply_to until it is destroyed
 };
 
 // Replies no Redis sends, each of which would have the connection wait while memory grows:

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -45,11 +46,21 @@ class redis_server {
  public:
   /// `extra` is appended to the redis-server command line, e.g. {"--requirepass", "pw"}; a port
   /// is taken only when `port_ok` (if given) accepts it (a cluster node needs port + 10000 too).
-  explicit redis_server(std::vector<std::string> extra = {}, std::function<bool(int)> port_ok = {})
+  /// `config`, when not empty, is written to a config file given first (a sentinel, with
+  /// "--sentinel" in `extra`, needs one it can rewrite).
+  explicit redis_server(std::vector<std::string> extra = {}, std::function<bool(int)> port_ok = {},
+                        const std::string& config = {})
       : extra_(std::move(extra)) {
     char tmpl[] = "/tmp/sluice-redis-XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
     dir_ = tmpl;
+    if (!config.empty()) {
+      config_file_ = (dir_ / "redis.conf").string();
+      std::FILE* f = std::fopen(config_file_.c_str(), "w");
+      if (f == nullptr) throw std::runtime_error("cannot write " + config_file_);
+      std::fputs(config.c_str(), f);
+      std::fclose(f);
+    }
     for (int attempt = 0; attempt < 20; ++attempt) {
       port_ = free_port();
       if (port_ok && !port_ok(port_)) continue;
@@ -146,6 +157,10 @@ class redis_server {
     return out;
   }
 
+  /// The next command() connects anew: for after something closed the clients' connections (a
+  /// sentinel that reconfigures the server kills them).
+  void reconnect() { ctx_.reset(); }
+
   /// Password the test connection uses (after CONFIG/ACL changes).
   void set_password(std::string user, std::string password) {
     user_ = std::move(user);
@@ -172,23 +187,11 @@ class redis_server {
   }
 
   bool start() {
-    std::vector<std::string> args = {"/usr/bin/redis-server",
-                                     "--port",
-                                     std::to_string(port_),
-                                     "--bind",
-                                     "127.0.0.1",
-                                     "--save",
-                                     "",
-                                     "--appendonly",
-                                     "no",
-                                     "--dir",
-                                     dir_.string(),
-                                     "--enable-debug-command",
-                                     "local",
-                                     "--daemonize",
-                                     "no",
-                                     "--logfile",
-                                     (dir_ / "redis.log").string()};
+    std::vector<std::string> args = {"/usr/bin/redis-server"};
+    if (!config_file_.empty()) args.push_back(config_file_);
+    args.insert(args.end(), {"--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", dir_.string(), "--enable-debug-command", "local", "--daemonize", "no",
+                             "--logfile", (dir_ / "redis.log").string()});
     for (const auto& e : extra_) args.push_back(e);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -247,6 +250,7 @@ class redis_server {
 
   std::vector<std::string> extra_;
   std::filesystem::path dir_;
+  std::string config_file_;
   int port_ = 0;
   pid_t pid_ = -1;
   std::string user_;

@@ -178,10 +178,16 @@ class ServerProcess:
 
 
 class RedisServer(ServerProcess):
-    """A throwaway redis-server on a free loopback port; `extra` goes on its command line."""
+    """A throwaway redis-server on a free loopback port; `extra` goes on its command line, after the
+    config file `config` when given (a sentinel needs one it can rewrite)."""
 
-    def __init__(self, port=None, extra=()):
+    def __init__(self, port=None, extra=(), config=None):
         self.dir = tempfile.TemporaryDirectory(prefix="sluice-redis-")
+        self.config_file = []
+        if config is not None:
+            self.config_file = [os.path.join(self.dir.name, "redis.conf")]
+            with open(self.config_file[0], "w") as f:
+                f.write(config)
         self.fixed_port = port is not None  # or, after the first start, the one it runs on
         self.port = port or free_port()
         self.extra = list(extra)
@@ -195,7 +201,7 @@ class RedisServer(ServerProcess):
     def start(self):
         for _ in range(5):
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                ["redis-server", *self.config_file, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                  "--dir", self.dir.name, *self.extra],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             # It exits at once when another process took the port since free_port() chose it.
@@ -293,6 +299,53 @@ class RedisCluster:
 
     def close(self):
         for n in self.nodes:
+            n.close()
+
+
+class RedisSentinelGroup:
+    """A throwaway Sentinel group on loopback: a master, two replicas (in sync) and three sentinels
+    watching it as MASTER_NAME with a quorum of two, which know each other and the replicas."""
+
+    MASTER_NAME = "mymaster"
+
+    def __init__(self):
+        self.servers, self.sentinels = [], []
+        try:
+            sync_now = ["--repl-diskless-sync-delay", "0"]
+            self.servers.append(RedisServer(extra=sync_now))
+            for _ in range(2):
+                self.servers.append(RedisServer(extra=sync_now + ["--replicaof", "127.0.0.1",
+                                                                  str(self.servers[0].port)]))
+            for r in self.servers[1:]:
+                wait_for(lambda: "master_link_status:up" in r.cli("INFO", "replication"), timeout=30,
+                         what="a replica to sync")
+            config = ("sentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\n"
+                      "sentinel failover-timeout %s 10000\n"
+                      % (self.MASTER_NAME, self.servers[0].port, self.MASTER_NAME, self.MASTER_NAME))
+            for _ in range(3):
+                self.sentinels.append(RedisServer(extra=["--sentinel"], config=config))
+            for s in self.sentinels:
+                wait_for(lambda: self._knows_all(s), timeout=30, what="the sentinels to find each other")
+        except BaseException:
+            self.close()
+            raise
+
+    def _knows_all(self, sentinel):
+        fields = sentinel.cli("SENTINEL", "MASTER", self.MASTER_NAME).splitlines()
+        info = dict(zip(fields[::2], fields[1::2]))
+        return info.get("num-other-sentinels") == "2" and info.get("num-slaves") == "2"
+
+    @property
+    def sentinel_addresses(self):
+        return [s.address for s in self.sentinels]
+
+    def master(self):
+        """The server the first sentinel names as master."""
+        port = int(self.sentinels[0].cli("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER_NAME).split()[1])
+        return next(s for s in self.servers if s.port == port)
+
+    def close(self):
+        for n in self.sentinels + self.servers:
             n.close()
 
 

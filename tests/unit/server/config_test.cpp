@@ -231,7 +231,8 @@ TEST(Config, ServerBackendHttpErrors) {
   expect_error(s + "[server]\nlisten = \"nohost\"\n", "t.toml:9:10: listen must be \"host:port\"");
   expect_error(s + "[server]\nlisten = \"h:70000\"\n", "t.toml:9:10: listen must be");
   expect_error(s + "[server]\nthreads = -1\n", "t.toml:9:11: threads must be between 0 and 256");
-  expect_error(s + "[backend]\ntype = \"etcd\"\n", "t.toml:9:8: type must be memory, redis or redis_cluster");
+  expect_error(s + "[backend]\ntype = \"etcd\"\n",
+               "t.toml:9:8: type must be memory, redis, redis_cluster or redis_sentinel");
   expect_error(s + "[backend]\non_error = \"maybe\"\n", "t.toml:9:12: on_error must be allow, deny or local");
   expect_error(s + "[backend]\naddresses = \"a:1\"\n", "t.toml:9:13: addresses must be an array");
   expect_error(s + "[backend]\naddresses = [\"a:1\", 2]\n", "t.toml:9:21: each address must be");
@@ -268,6 +269,7 @@ tls_cert_file = "/etc/sluice/client.pem"
 tls_key_file = "/etc/sluice/client.key"
 tls_server_name = "redis.internal"
 tls_verify = false
+wait_replicas = 1
 
 [[rules]]
 name = "api"
@@ -299,6 +301,7 @@ window = 60
   EXPECT_EQ(r.tls_key_file, "/etc/sluice/client.key");
   EXPECT_EQ(r.tls_server_name, "redis.internal");
   EXPECT_FALSE(r.tls_verify);
+  EXPECT_EQ(r.wait_replicas, 1);
   EXPECT_EQ(r.clock_for_test, nullptr);
   EXPECT_EQ(c->backend.max_keys_per_rule, 5000u);
 
@@ -349,12 +352,48 @@ TEST(Config, BadValueOfEachBackendKey) {
       {"tls = \"yes\"", "7: tls must be a boolean, got a string"},
       {"tls_ca_file = \"/ca.pem\"", "15: tls_ca_file needs tls = true"},
       {"tls_verify = false", "14: tls_verify needs tls = true"},
+      {"wait_replicas = 65", "17: wait_replicas must be between 0 and 64, got 65"},
+      {"sentinels = [\"10.0.0.1:26379\"]", "13: sentinels needs type = \"redis_sentinel\""},
+      {"master_name = \"m\"", "15: master_name needs type = \"redis_sentinel\""},
       {"breaker_threshold = 5", "1: unknown key 'breaker_threshold' in [backend]"},
   };
   for (const bad_case& c : cases) {
     SCOPED_TRACE(c.line);
     expect_error(b + c.line + "\n", std::string("t.toml:2:") + c.message);
   }
+}
+
+// type = "redis_sentinel": the sentinels become the backend's addresses; the master's name and the
+// sentinels' AUTH are read; what does not belong to Sentinel is named.
+TEST(Config, RedisSentinelBackend) {
+  auto c = parse_config(std::string(seed) + R"([backend]
+type = "redis_sentinel"
+sentinels = ["10.0.0.1:26379", "10.0.0.2:26379"]
+master_name = "rl-master"
+sentinel_username = "watcher"
+sentinel_password = "s"
+password = "m"
+)",
+                        "s.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->backend.type, backend_type::redis_sentinel);
+  const redis_options& r = c->backend.redis;
+  EXPECT_EQ(r.addresses, (std::vector<std::string>{"10.0.0.1:26379", "10.0.0.2:26379"}));
+  EXPECT_EQ(r.master_name, "rl-master");
+  EXPECT_EQ(r.sentinel_username, "watcher");
+  EXPECT_EQ(r.sentinel_password, "s");
+  EXPECT_EQ(r.password, "m");
+
+  const std::string head = "[backend]\ntype = \"redis_sentinel\"\n";
+  const std::string sentinels = "sentinels = [\"10.0.0.1:26379\"]\n";
+  expect_error(head + "master_name = \"m\"\n", "t.toml:1:1: [backend] is missing 'sentinels'");
+  expect_error(head + sentinels, "t.toml:1:1: [backend] is missing 'master_name'");
+  expect_error(head + sentinels + "master_name = \"a b\"\n", "t.toml:4:15: master_name must be 1 to 256 bytes");
+  expect_error(head + sentinels + "master_name = \"m\"\naddresses = [\"h:1\"]\n",
+               "t.toml:5:13: addresses is not read with type = \"redis_sentinel\": set sentinels");
+  expect_error(head + sentinels + "master_name = \"m\"\nsentinel_username = \"w\"\n",
+               "t.toml:5:21: sentinel_username needs a sentinel_password");
+  expect_error(head + "sentinels = [\"nohost\"]\nmaster_name = \"m\"\n", "t.toml:3:14: each sentinel must be");
 }
 
 TEST(Config, LoadConfigNamesMissingFile) {
