@@ -20,7 +20,7 @@ flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recov
 # the memory backend its checks are validated on, the Redis backend's commands and reply parsers,
 # and the Envoy API's YAML loader.
 lib=("$root"/src/core/*.cpp "$root"/src/keyed/*.cpp "$root/src/rules/config.cpp" "$root/src/server/api.cpp"
-     "$root"/src/redis/{command,exactness,keys,scripts,slot}.cpp "$root/src/envoy/domain_config.cpp")
+     "$root"/src/redis/{command,reply_bounds,exactness,keys,scripts,slot}.cpp "$root/src/envoy/domain_config.cpp")
 
 objdir="$out/obj"
 mkdir -p "$objdir"

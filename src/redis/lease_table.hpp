@@ -2,8 +2,8 @@
 // units taken from Redis ahead of its checks, what Redis last refused, and how fast the key is
 // checked here.
 //
-// Logic under locks, no I/O: the Redis core asks it first for every check of a leased rule, and
-// sends what it says to send (core_leases.cpp). Time is passed in, as local ns (the steady clock
+// Logic under locks, no I/O: the Redis engine asks it first for every check of a leased rule, and
+// sends what it says to send (lease_calls.cpp). Time is passed in, as local ns (the steady clock
 // or the test clock); a lease call's time is taken before it is sent, so everything that Redis's
 // answer says about later moments ("until the window ends", "until this unit's slot ends") is read
 // from an earlier origin here, never a later one, and 0.1% shorter (the clocks' drift).

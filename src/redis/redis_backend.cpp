@@ -1,4 +1,4 @@
-// The Redis backend's public face (redis_backend.hpp): options checked, the engine (core.hpp) made
+// The Redis backend's public face (redis_backend.hpp): options checked, the engine (engine.hpp) made
 // on its own io thread or the caller's, checks handed to it, its counters exported.
 #include "sluice/redis_backend.hpp"
 
@@ -10,7 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "redis/core.hpp"
+#include "redis/engine.hpp"
 #include "redis/tls.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/prometheus.hpp"
@@ -19,7 +19,7 @@ namespace sluice {
 namespace {
 
 namespace asio = boost::asio;
-using detail::redis_core;
+using detail::engine;
 
 class redis_backend_impl final : public redis_backend {
  public:
@@ -28,14 +28,14 @@ class redis_backend_impl final : public redis_backend {
       : owned_io_(std::move(io)), work_(owned_io_->get_executor()) {}
   redis_backend_impl() = default;
 
-  void start(std::shared_ptr<redis_core> core) {
-    core_ = std::move(core);
-    core_->start();
+  void start(std::shared_ptr<engine> e) {
+    engine_ = std::move(e);
+    engine_->start();
     if (owned_io_) thread_ = std::thread([io = owned_io_.get()] { io->run(); });
   }
 
   ~redis_backend_impl() override {
-    core_->shutdown();
+    engine_->shutdown();
     if (owned_io_) {
       work_.reset();
       owned_io_->stop();
@@ -44,37 +44,37 @@ class redis_backend_impl final : public redis_backend {
   }
 
   result<decision> decide(const check_request& req) override {
-    if (core_->on_io_thread()) {
+    if (engine_->on_io_thread()) {
       return {errc::invalid_argument,
               "check() blocks and was called on the Redis backend's io thread; use async_check"};
     }
     auto p = std::make_shared<std::promise<result<decision>>>();
     auto f = p->get_future();
-    core_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
+    engine_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
   void async_decide(const check_request& req, check_handler handler) override {
-    core_->async_check(req, std::move(handler));
+    engine_->async_check(req, std::move(handler));
   }
 
   result<std::vector<decision>> decide_all(std::span<const check_request> checks) override {
-    if (core_->on_io_thread()) {
+    if (engine_->on_io_thread()) {
       return {errc::invalid_argument,
               "check_all() blocks and was called on the Redis backend's io thread; use async_check_all"};
     }
     auto p = std::make_shared<std::promise<result<std::vector<decision>>>>();
     auto f = p->get_future();
-    core_->async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
+    engine_->async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
   void async_decide_all(std::span<const check_request> checks, check_all_handler handler) override {
-    core_->async_check_all(checks, std::move(handler));
+    engine_->async_check_all(checks, std::move(handler));
   }
 
   result<prepared_rule_ptr> prepare(const rule& r) override {
-    auto p = core_->prepare(r, this);
+    auto p = engine_->prepare(r, this);
     if (!p) return p.error();
     return prepared_rule_ptr(std::move(*p));
   }
@@ -84,12 +84,12 @@ class redis_backend_impl final : public redis_backend {
     return validate_for_redis(r);
   }
 
-  bool ready() override { return core_->ready(); }
-  void give_back_leases() override { core_->give_back_leases(); }
-  redis_backend_stats stats() const override { return core_->stats(); }
+  bool ready() override { return engine_->ready(); }
+  void give_back_leases() override { engine_->give_back_leases(); }
+  redis_backend_stats stats() const override { return engine_->stats(); }
 
   void append_metrics(std::string& out) override {
-    const redis_backend_stats st = core_->stats();
+    const redis_backend_stats st = engine_->stats();
     auto metric = [&out](const char* name, const char* type, const char* help, std::uint64_t v) {
       prometheus::family(out, name, type, help);
       prometheus::sample(out, name, v);
@@ -110,12 +110,12 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
     metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
            st.out_of_memory ? 1 : 0);
-    core_->append_lease_metrics(out);
-    if (core_->sentinel()) {
+    engine_->append_lease_metrics(out);
+    if (engine_->sentinel()) {
       metric("sluice_redis_sentinel_master_switches_total", "counter",
              "Times the sentinels moved the master to another address.", st.master_switches);
     }
-    if (!core_->cluster()) return;
+    if (!engine_->cluster()) return;
     metric("sluice_redis_cluster_redirections_total", "counter", "Checks sent on by MOVED, ASK or READONLY.",
            st.redirections);
     metric("sluice_redis_cluster_retries_total", "counter", "Checks retried after TRYAGAIN or CLUSTERDOWN.",
@@ -128,7 +128,7 @@ class redis_backend_impl final : public redis_backend {
  private:
   std::unique_ptr<asio::io_context> owned_io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
-  std::shared_ptr<redis_core> core_;
+  std::shared_ptr<engine> engine_;
   std::thread thread_;
 };
 
@@ -216,7 +216,7 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
   } else {
     impl = std::make_unique<redis_backend_impl>();
   }
-  impl->start(std::make_shared<redis_core>(options, std::move(*seeds), t, std::move(*tls), *io, std::move(*local)));
+  impl->start(std::make_shared<engine>(options, std::move(*seeds), t, std::move(*tls), *io, std::move(*local)));
   return std::unique_ptr<redis_backend>(std::move(impl));
 }
 

@@ -1,17 +1,19 @@
-// src/redis/core.hpp — the Redis backend's engine: a check's way from async_check to its decision,
-// on one Redis server or on a Redis Cluster.
+// src/redis/engine.hpp — the Redis backend's engine: a check's way from async_check to its decision,
+// on one Redis server, on a Redis Cluster, or on the master Redis Sentinel names.
 //
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
-// to the strand, routed to the node that serves it — the one server, the master the sentinels
-// name (sentinel.hpp), or the master that owns its slot — and sent on that node's connection (connection.hpp pipelines
-// it behind the others), alone or, while calls are in flight there, in one call of the batch script with the checks
-// that arrive meanwhile (one slot's, on a cluster). Its deadline is written when it is sent, on that node's clock. It
-// completes with the first of: its reply, its deadline, the connection's loss. What Redis cannot answer follows
-// on_error; each node's circuit breaker (breaker.hpp) stops paying the timeout while that node is down.
+// to the strand, routed to the node that serves it — the one server, the master the sentinels name
+// (sentinel.hpp), or the master that owns its slot — and sent on that node's connection
+// (connection.hpp pipelines it behind the others), alone or, while calls are in flight there, in
+// one call of the batch script with the checks that arrive meanwhile (one slot's, on a cluster).
+// Its deadline is written when it is sent, on that node's clock. It completes with the first of:
+// its reply, its deadline, the connection's loss. What Redis cannot answer follows on_error; each
+// node's circuit breaker (breaker.hpp) stops paying the timeout while that node is down.
 //
-// core.cpp holds the check's path; core_leases.cpp a leased rule's (lease_table.hpp);
-// cluster_routing.cpp the cluster's slot map (discovery from the
-// seeds, refreshes, readiness). On a cluster a reply may send the check on: MOVED (the map is
+// engine.cpp holds the check's way in, its deadline and on_error; script_send.cpp its call sent and
+// read; slot_routing.cpp its route (the cluster's slot map: discovery from the seeds, refreshes,
+// readiness; redirections); node_events.cpp the nodes' connection events; lease_calls.cpp a leased
+// rule's checks (lease_table.hpp). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
 // check's deadline, and to another node at most max_redirects times. With Sentinel, READONLY and
@@ -55,7 +57,7 @@ namespace sluice::detail {
 
 using steady = std::chrono::steady_clock;
 
-class redis_core;
+class engine;
 
 /// What prepare() makes of a rule: its script call, the rule as the local fallback prepared it, and
 /// a leased rule's leases, given back when it is dropped.
@@ -65,7 +67,7 @@ struct redis_prepared_rule final : prepared_rule {
   prepared_script call;
   prepared_rule_ptr local;              // on_error = local only
   std::shared_ptr<lease_table> leases;  // rule::lease only
-  std::weak_ptr<redis_core> core;       // leases only: where to give them back
+  std::weak_ptr<engine> give_back_to;   // leases only: where to give them back
 };
 
 /// A lease's call on its way (lease_table.hpp), and what its reply updates.
@@ -173,11 +175,11 @@ enum class topology : std::uint8_t {
   sentinel,    ///< The master the sentinels at the seeds name.
 };
 
-class redis_core : public std::enable_shared_from_this<redis_core> {
+class engine : public std::enable_shared_from_this<engine> {
  public:
   /// `tls`: the TLS settings of every connection (tls.hpp), or nullptr for plaintext.
-  redis_core(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
-             asio::io_context& io, std::unique_ptr<memory_backend> local);
+  engine(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
+         asio::io_context& io, std::unique_ptr<memory_backend> local);
 
   void start();
   /// Fails everything still waiting and closes the connections. Must not run on the io threads
@@ -206,7 +208,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   struct reply_box;  // what a command sent on a connection carries to its callback
   struct batch_box;  // the same for a batch of checks
 
-  // --- the check's path (core.cpp) ---------------------------------------------------------------
+  // --- the check's path (engine.cpp, script_send.cpp) --------------------------------------------
   static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
   // Precondition (validate): req.rule was prepared by this engine's backend.
   static const redis_prepared_rule& prepared_of(const check_request& req) noexcept {
@@ -239,7 +241,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void arm_deadline();
   void expire_due();
 
-  // --- leases (core.cpp) -------------------------------------------------------------------------
+  // --- leases (lease_calls.cpp) ------------------------------------------------------------------
   std::int64_t local_ns() const;  // the time leases run on: the test clock's, or the steady clock's
   void check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler,
                     bool resumed = false);
@@ -254,7 +256,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   std::vector<std::shared_ptr<lease_table>> live_lease_tables();
   void arm_lease_timer();
 
-  // --- nodes: their connections' events, breakers, out of memory (core.cpp) ----------------------
+  // --- nodes: their connections' events, breakers, out of memory (node_events.cpp) ---------------
   node_ptr make_node(const endpoint& where, connection::peer who = connection::peer::server);
   void on_master(const endpoint& where);
   void close_node(node& n);
@@ -266,7 +268,7 @@ class redis_core : public std::enable_shared_from_this<redis_core> {
   void schedule_oom_probe(const node_ptr& n);
   void do_shutdown();
 
-  // --- the slot map (cluster_routing.cpp) --------------------------------------------------------
+  // --- the slot map and redirections (slot_routing.cpp) ----------------------------------------
   node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }  // null: wait
   node* node_at(const std::string& address);
   void await_map(const op_ptr& o);

@@ -1,4 +1,4 @@
-// A leased rule's checks through the Redis backend (core.hpp, lease_table.hpp): answered from the
+// A leased rule's checks through the Redis backend (engine.hpp, lease_table.hpp): answered from the
 // key's lease where it can, else by one call that takes the lease; the calls that refill leases
 // ahead of need and give back what a lease did not use.
 #include <hiredis/hiredis.h>
@@ -7,7 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <future>
 
-#include "redis/core.hpp"
+#include "redis/engine.hpp"
 #include "redis/scripts.hpp"
 #include "sluice/prometheus.hpp"
 
@@ -35,21 +35,20 @@ std::size_t lease_call::script() const {
   return lease_script;
 }
 
-std::int64_t redis_core::local_ns() const {
+std::int64_t engine::local_ns() const {
   if (options_.clock_for_test) return to_ns(options_.clock_for_test->now());
   return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count();
 }
 
 // Any thread. What the key's lease says, done: answered here, sent, or left waiting for the call
 // in flight (which resumes it).
-void redis_core::check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler,
-                              bool resumed) {
+void engine::check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler, bool resumed) {
   lease_table& table = *p.leases;
   const bool dual = p.call.dual;
   const std::string_view key = dual ? req.tenant : req.key;
   const std::int64_t now = local_ns();
   struct context {
-    redis_core* self;
+    engine* self;
     const check_request* req;
     const redis_prepared_rule* p;
     check_handler* handler;
@@ -108,8 +107,8 @@ void redis_core::check_leased(const check_request& req, const redis_prepared_rul
 // Any thread. Sends a lease's call as its own op (never batched: the batch script has no lease
 // kind); `req` and `rule` are the check's (none for a refill or give-back). False when overloaded:
 // it then failed at once.
-bool redis_core::send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
-                            const redis_prepared_rule* rule, check_handler handler) {
+bool engine::send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
+                        const redis_prepared_rule* rule, check_handler handler) {
   call->table->counters().redis_calls.fetch_add(1, std::memory_order_relaxed);
   lease_calls_.fetch_add(1, std::memory_order_relaxed);
   auto o = std::make_shared<op>();
@@ -129,7 +128,7 @@ bool redis_core::send_lease(std::shared_ptr<lease_call> call, command c, const c
 }
 
 // On the strand: a lease call's reply (not an error, not expired).
-void redis_core::finish_lease(const op_ptr& o, node& n, const redisReply& reply) {
+void engine::finish_lease(const op_ptr& o, node& n, const redisReply& reply) {
   lease_call& l = *o->lease;
   lease_table& t = *l.table;
   switch (l.what) {
@@ -175,7 +174,7 @@ void redis_core::finish_lease(const op_ptr& o, node& n, const redisReply& reply)
 }
 
 // Any thread: a lease call that Redis did not answer (or that could not be sent).
-void redis_core::fail_lease(const op_ptr& o) {
+void engine::fail_lease(const op_ptr& o) {
   lease_call& l = *o->lease;
   switch (l.what) {
     case lease_call::kind::give_back:
@@ -201,7 +200,7 @@ void redis_core::fail_lease(const op_ptr& o) {
 }
 
 // Any thread.
-void redis_core::lease_call_finished() {
+void engine::lease_call_finished() {
   if (lease_calls_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   asio::post(strand_, [self = shared_from_this()] {
     if (self->lease_calls_.load(std::memory_order_acquire) != 0) return;
@@ -211,7 +210,7 @@ void redis_core::lease_call_finished() {
   });
 }
 
-std::vector<std::shared_ptr<lease_table>> redis_core::live_lease_tables() {
+std::vector<std::shared_ptr<lease_table>> engine::live_lease_tables() {
   std::lock_guard lock(leases_mutex_);
   std::vector<std::shared_ptr<lease_table>> out;
   std::erase_if(lease_tables_, [](const std::weak_ptr<lease_table>& w) { return w.expired(); });
@@ -222,7 +221,7 @@ std::vector<std::shared_ptr<lease_table>> redis_core::live_lease_tables() {
 }
 
 // On the strand.
-void redis_core::send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g) {
+void engine::send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g) {
   auto call = std::make_shared<lease_call>(lease_call::kind::give_back, table, g.key, local_ns());
   command c = give_back_command(table->script(), table->definition(), leased_key_request(*table, call->key),
                                 options_.key_prefix, now_us(), g.token, g.units);
@@ -231,7 +230,7 @@ void redis_core::send_give_back(const std::shared_ptr<lease_table>& table, const
 
 // On the strand: gives back what the leases of keys idle for a period hold; `when_idle` (if any)
 // is told once no lease call is in flight.
-void redis_core::sweep_now(std::function<void()> when_idle) {
+void engine::sweep_now(std::function<void()> when_idle) {
   if (!stopping_) {
     const std::int64_t now = local_ns();
     for (const auto& t : live_lease_tables()) {
@@ -242,12 +241,12 @@ void redis_core::sweep_now(std::function<void()> when_idle) {
 }
 
 // On the strand: `f` now if no lease call is in flight, else once none is.
-void redis_core::after_lease_calls(std::function<void()> f) {
+void engine::after_lease_calls(std::function<void()> f) {
   if (lease_calls_.load(std::memory_order_acquire) == 0) return f();
   when_leases_idle_.push_back(std::move(f));
 }
 
-void redis_core::give_back_leases() {
+void engine::give_back_leases() {
   if (on_io_thread()) {
     asio::post(strand_, [self = shared_from_this()] { self->sweep_now(nullptr); });
     return;
@@ -262,7 +261,7 @@ void redis_core::give_back_leases() {
   f.wait_for(options_.command_timeout + std::chrono::seconds(1));
 }
 
-void redis_core::return_leases(std::shared_ptr<lease_table> table) {
+void engine::return_leases(std::shared_ptr<lease_table> table) {
   asio::post(strand_, [self = shared_from_this(), table = std::move(table)] {
     if (self->stopping_) return;
     for (const give_back& g : table->drain(self->local_ns())) self->send_give_back(table, g);
@@ -270,7 +269,7 @@ void redis_core::return_leases(std::shared_ptr<lease_table> table) {
 }
 
 // On the strand: while leased rules exist, their ended leases are given back every sweep interval.
-void redis_core::arm_lease_timer() {
+void engine::arm_lease_timer() {
   if (lease_timer_armed_ || stopping_) return;
   lease_timer_armed_ = true;
   lease_timer_.expires_after(lease_sweep_interval);
@@ -282,7 +281,7 @@ void redis_core::arm_lease_timer() {
   }));
 }
 
-void redis_core::append_lease_metrics(std::string& out) const {
+void engine::append_lease_metrics(std::string& out) const {
   std::lock_guard lock(leases_mutex_);
   if (lease_counters_.empty()) return;
   const auto family = [&](const char* name, const char* help, std::atomic<std::uint64_t> lease_counters::*field) {

@@ -1,4 +1,4 @@
-// The slot map of a Redis Cluster (core.hpp): which master serves each slot, learnt from the seeds
+// The slot map of a Redis Cluster (engine.hpp): which master serves each slot, learnt from the seeds
 // and kept current.
 //
 // The map comes from CLUSTER SHARDS (CLUSTER SLOTS on servers without it), asked of a master that
@@ -6,7 +6,8 @@
 // READONLY or CLUSTERDOWN and when a connection is lost (at most every min_refresh_gap), every
 // breaker_probe_interval while some slot has no master that answers (a failover under way), and
 // every cluster_refresh_interval otherwise. Each master gets one connection; a node that no longer
-// serves slots is closed once nothing waits on it.
+// serves slots is closed once nothing waits on it. The replies that send a check on (MOVED, ASK,
+// TRYAGAIN, CLUSTERDOWN, READONLY; with Sentinel READONLY and LOADING) are followed here too.
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <spdlog/spdlog.h>
@@ -16,12 +17,12 @@
 #include <boost/asio/post.hpp>
 #include <set>
 
-#include "redis/core.hpp"
+#include "redis/engine.hpp"
 #include "redis/slot.hpp"
 
 namespace sluice::detail {
 
-node* redis_core::node_at(const std::string& address) {
+node* engine::node_at(const std::string& address) {
   if (auto it = nodes_.find(address); it != nodes_.end()) return it->second.get();
   if (nodes_.size() >= max_nodes) return nullptr;
   auto where = parse_endpoint(address);
@@ -36,7 +37,7 @@ node* redis_core::node_at(const std::string& address) {
 
 // No master is known for the check's slot (before the first map, or a shard without a master): it
 // waits for the next map, unless no node could give one.
-void redis_core::await_map(const op_ptr& o) {
+void engine::await_map(const op_ptr& o) {
   if (sentinel_) {
     awaiting_map_.push_back(o);  // sent when a master's handshake is answered (on_node_ready)
     return;
@@ -52,10 +53,10 @@ void redis_core::await_map(const op_ptr& o) {
   request_refresh();
 }
 
-void redis_core::request_refresh() { schedule_refresh(steady::duration::zero()); }
+void engine::request_refresh() { schedule_refresh(steady::duration::zero()); }
 
 // Always through the timer, never at once: callers may be inside a connection's callbacks.
-void redis_core::schedule_refresh(steady::duration after, bool replace) {
+void engine::schedule_refresh(steady::duration after, bool replace) {
   if (stopping_ || !cluster_) return;
   const auto at = std::max(steady::now() + after, refresh_started_ + min_refresh_gap);
   if (refresh_armed_ && refresh_due_ <= at && !replace) return;
@@ -71,7 +72,7 @@ void redis_core::schedule_refresh(steady::duration after, bool replace) {
       }));
 }
 
-void redis_core::start_refresh() {
+void engine::start_refresh() {
   if (stopping_) return;
   const auto now = steady::now();
   if (refreshing_ && now - refresh_started_ < options_.connect_timeout) {
@@ -112,30 +113,30 @@ void redis_core::start_refresh() {
 
 namespace {
 struct topology_box {
-  redis_core* core;
+  engine* owner;
   node_ptr n;
   bool shards;
   std::uint64_t refresh;
 };
 }  // namespace
 
-void redis_core::send_topology_query(node& n, bool shards) {
+void engine::send_topology_query(node& n, bool shards) {
   static const std::string shards_command = "*2\r\n$7\r\nCLUSTER\r\n$6\r\nSHARDS\r\n";
   static const std::string slots_command = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
   auto* box = new topology_box{this, n.shared_from_this(), shards, refresh_generation_};
-  if (!n.conn->send(shards ? shards_command : slots_command, &redis_core::on_topology_reply, box)) {
+  if (!n.conn->send(shards ? shards_command : slots_command, &engine::on_topology_reply, box)) {
     delete box;
     refreshing_ = false;
     schedule_refresh(options_.breaker_probe_interval);
   }
 }
 
-void redis_core::on_topology_reply(redisReply* reply, void* privdata) {
+void engine::on_topology_reply(redisReply* reply, void* privdata) {
   std::unique_ptr<topology_box> box(static_cast<topology_box*>(privdata));
-  box->core->handle_topology(*box->n, reply, box->shards, box->refresh);
+  box->owner->handle_topology(*box->n, reply, box->shards, box->refresh);
 }
 
-void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh) {
+void engine::handle_topology(node& n, redisReply* reply, bool shards, std::uint64_t refresh) {
   if (refresh != refresh_generation_ || stopping_) return;  // a later query replaced it
   if (reply == nullptr) return finish_refresh(false);       // the connection went: the loss asks again
   if (reply->type == REDIS_REPLY_ERROR && shards) return send_topology_query(n, false);  // before Redis 7
@@ -168,7 +169,7 @@ void redis_core::handle_topology(node& n, redisReply* reply, bool shards, std::u
 }
 
 // Checks that waited for a map go now, to the masters it names, or fail when it names none.
-void redis_core::finish_refresh(bool updated) {
+void engine::finish_refresh(bool updated) {
   refreshing_ = false;
   if (updated) topology_refreshes_.fetch_add(1, std::memory_order_relaxed);
   auto waiting = std::move(awaiting_map_);
@@ -187,7 +188,7 @@ void redis_core::finish_refresh(bool updated) {
   schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
 }
 
-void redis_core::apply_map(const std::vector<slot_owner>& owners) {
+void engine::apply_map(const std::vector<slot_owner>& owners) {
   std::set<std::string_view> masters;
   for (const auto& o : owners) masters.insert(o.master);
   if (masters.size() > max_nodes) {
@@ -215,7 +216,7 @@ void redis_core::apply_map(const std::vector<slot_owner>& owners) {
 // Nodes that serve no slot, on which nothing waits and to which nothing was sent for a refresh
 // interval (old masters, replicas given as seeds; not the node a slot is being migrated to, which
 // ASK keeps sending to while it serves no slot yet).
-void redis_core::retire_idle_nodes() {
+void engine::retire_idle_nodes() {
   if (stopping_) return;
   const auto now = steady::now();
   for (auto it = nodes_.begin(); it != nodes_.end();) {
@@ -231,7 +232,7 @@ void redis_core::retire_idle_nodes() {
 }
 
 // Every slot has a master, and each master answers (connected, circuit closed, not out of memory).
-bool redis_core::healthy() const {
+bool engine::healthy() const {
   if (!cluster_) return single_ && single_->ready && !single_->out_of_memory && !single_->circuit.is_open();
   if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
   return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
@@ -240,11 +241,77 @@ bool redis_core::healthy() const {
   });
 }
 
-void redis_core::update_ready() {
+void engine::update_ready() {
   ready_.store(healthy(), std::memory_order_relaxed);
   bool oom = single_ && single_->out_of_memory;
   for (const auto& [address, n] : nodes_) oom = oom || n->out_of_memory;
   out_of_memory_.store(oom, std::memory_order_relaxed);
+}
+
+// The error replies that say the script did not run and where (or when) to send it: true when the
+// check was sent on (or waits to be).
+bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool asking) {
+  const reply_error kind = classify_error(msg);
+  if (kind == reply_error::noscript) {
+    // The node forgot the script (SCRIPT FLUSH, restart, a new node): send its body; EVAL caches it.
+    if (o->eval || !n.conn->open()) return false;
+    o->eval = true;
+    script_reloads_.fetch_add(1, std::memory_order_relaxed);
+    send_to(n, o, asking);
+    return true;
+  }
+  if (sentinel_ && (kind == reply_error::readonly || kind == reply_error::loading)) {
+    // An old master (now a replica), or one loading its data after a restart: the script did not
+    // run. The check waits for the master the sentinels name next.
+    redirections_.fetch_add(1, std::memory_order_relaxed);
+    n.conn->drop_soon(n.address + " answered " + std::string(msg.substr(0, msg.find(' '))) +
+                      ": no longer the master, asking the sentinels");
+    await_map(o);
+    return true;
+  }
+  if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
+  if (kind == reply_error::tryagain || kind == reply_error::clusterdown) {
+    if (kind == reply_error::clusterdown) request_refresh();
+    ++o->retries;
+    retries_.fetch_add(1, std::memory_order_relaxed);
+    retry_later(o);
+    return true;
+  }
+  if (o->redirects >= max_redirects) return false;
+  ++o->redirects;
+  switch (kind) {
+    case reply_error::moved:
+    case reply_error::ask: {
+      auto to = parse_redirection(msg, host_of(n.address));
+      node* target = to ? node_at(to->address) : nullptr;
+      if (target == nullptr) return false;
+      redirections_.fetch_add(1, std::memory_order_relaxed);
+      if (kind == reply_error::moved) {
+        // The slot lives there now; the rest of the map may have moved too.
+        slots_[to->slot] = target;
+        target->serves = true;
+        request_refresh();
+      }
+      send_to(*target, o, kind == reply_error::ask);
+      return true;
+    }
+    case reply_error::readonly:
+      // A replica: an old master after a failover. Where its slots went, the next map says.
+      redirections_.fetch_add(1, std::memory_order_relaxed);
+      await_map(o);
+      return true;
+    default: return false;
+  }
+}
+
+// TRYAGAIN or CLUSTERDOWN: the slot's master after 1, 2, 4, 8, then every 16 ms, until the deadline.
+void engine::retry_later(const op_ptr& o) {
+  const auto wait = std::chrono::milliseconds(1 << std::min(o->retries - 1, 4));
+  auto timer = std::make_shared<asio::steady_timer>(strand_, wait);
+  timer->async_wait(asio::bind_executor(strand_, [self = shared_from_this(), o, timer](boost::system::error_code) {
+    if (self->stopping_) return;
+    self->dispatch(o);
+  }));
 }
 
 }  // namespace sluice::detail
