@@ -6,7 +6,9 @@
 // cluster-replica-validity-factor 0 (a replica may always take over). `redis-cli --cluster create`
 // joins them; the fixture then waits until every node reports cluster_state:ok and every replica's
 // master_link_status:up (a replica that has not finished its first sync refuses to fail over).
-// Every process it started is ended by its PID at the end.
+// Every process it started is ended by its PID at the end. Given certificates (cluster_tls), each
+// node also serves TLS on a port of its own, the cluster bus and replication run over TLS, and the
+// cluster announces the TLS ports (CLUSTER SHARDS' tls-port): tls_seeds() are those.
 //
 //   sluice::testing::redis_cluster cluster;
 //   auto b = sluice::make_redis_cluster_backend({.addresses = cluster.seeds()});
@@ -31,12 +33,18 @@
 
 namespace sluice::testing {
 
+/// A cluster over TLS: the nodes' certificate and key, and the CA that signed it.
+struct cluster_tls {
+  std::string cert_file, key_file, ca_file;
+};
+
 class redis_cluster {
  public:
   static constexpr int node_timeout_ms = 1000;
 
   /// `extra` is added to every node's command line, e.g. {"--cluster-require-full-coverage", "no"}.
-  explicit redis_cluster(std::vector<std::string> extra = {}, int masters = 3, int replicas_per_master = 1) {
+  explicit redis_cluster(std::vector<std::string> extra = {}, int masters = 3, int replicas_per_master = 1,
+                         const cluster_tls* tls = nullptr) {
     const int count = masters * (1 + replicas_per_master);
     std::vector<std::string> args = {"--cluster-enabled",
                                      "yes",
@@ -47,12 +55,25 @@ class redis_cluster {
                                      "--cluster-replica-validity-factor",
                                      "0"};
     args.insert(args.end(), extra.begin(), extra.end());
+    auto bus_free = [](int port) { return port + 10000 <= 65535 && port_free(port + 10000); };
     for (int i = 0; i < count; ++i) {
-      nodes_.push_back(std::make_unique<redis_server>(
-          args, [](int port) { return port + 10000 <= 65535 && port_free(port + 10000); }));
+      std::vector<std::string> node_args = args;
+      if (tls != nullptr) {
+        // The bus listens on the TLS port + 10000.
+        int tls_port = free_port();
+        for (int attempt = 0; attempt < 20 && !bus_free(tls_port); ++attempt) tls_port = free_port();
+        tls_ports_.push_back(tls_port);
+        node_args.insert(node_args.end(), {"--tls-port", std::to_string(tls_port), "--tls-cluster", "yes",
+                                           "--tls-replication", "yes", "--tls-cert-file", tls->cert_file,
+                                           "--tls-key-file", tls->key_file, "--tls-ca-cert-file", tls->ca_file,
+                                           "--tls-auth-clients", "no"});
+      }
+      nodes_.push_back(std::make_unique<redis_server>(node_args, bus_free));
     }
-    std::vector<std::string> create = {"/usr/bin/redis-cli", "--cluster", "create"};
-    for (const auto& n : nodes_) create.push_back(n->address());
+    std::vector<std::string> create = {"/usr/bin/redis-cli"};
+    if (tls != nullptr) create.insert(create.end(), {"--tls", "--cacert", tls->ca_file});
+    create.insert(create.end(), {"--cluster", "create"});
+    for (const auto& a : tls != nullptr ? tls_seeds() : seeds()) create.push_back(a);
     create.insert(create.end(), {"--cluster-replicas", std::to_string(replicas_per_master), "--cluster-yes"});
     if (const command_result r = run_command(create); r.exit_code != 0) {
       throw std::runtime_error("redis-cli --cluster create failed: " + r.output);
@@ -67,6 +88,13 @@ class redis_cluster {
   std::vector<std::string> seeds() const {
     std::vector<std::string> out;
     for (const auto& n : nodes_) out.push_back(n->address());
+    return out;
+  }
+
+  /// With cluster_tls: every node's TLS address.
+  std::vector<std::string> tls_seeds() const {
+    std::vector<std::string> out;
+    for (int port : tls_ports_) out.push_back("127.0.0.1:" + std::to_string(port));
     return out;
   }
 
@@ -148,6 +176,7 @@ class redis_cluster {
 
  private:
   std::vector<std::unique_ptr<redis_server>> nodes_;
+  std::vector<int> tls_ports_;  // with cluster_tls, by node
 };
 
 }  // namespace sluice::testing

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -15,7 +16,9 @@
 #include <thread>
 
 #include "integration/free_port.hpp"
+#include "integration/redis/redis_cluster.hpp"
 #include "integration/redis/redis_server.hpp"
+#include "redis/slot.hpp"
 #include "sluice/redis_backend.hpp"
 #include "support/log_capture.hpp"
 #include "support/prepared.hpp"
@@ -200,6 +203,37 @@ TEST_F(RedisTlsTest, AWrongNameIsRefused) {
   auto o = tls_options(port);
   o.tls_server_name = "elsewhere.test";
   expect_refused_with(o, "certificate verify failed: hostname mismatch");
+}
+
+// A Redis Cluster over TLS (bus and replication too), given one seed: the map read over TLS names
+// each node's tls-port (a plaintext port would fail the handshake), and a key of each master is
+// decided by that master.
+TEST_F(RedisTlsTest, AClusterOverTlsIsReachedOnEachNodesTlsPort) {
+  const testing::cluster_tls files{certs_->path("server.crt"), certs_->path("server.key"), certs_->path("ca.crt")};
+  testing::redis_cluster cluster({}, 3, 1, &files);
+  auto o = tls_options(0);
+  o.addresses = {cluster.tls_seeds().front()};
+  auto b = make_redis_cluster_backend(o);
+  ASSERT_TRUE(b) << b.error().message;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!(*b)->ready() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE((*b)->ready());
+  EXPECT_EQ((*b)->stats().masters, 3u);
+  std::vector<redis_server*> masters = cluster.masters();
+  ASSERT_EQ(masters.size(), 3u);
+  for (int i = 0; !masters.empty() && i < 1000; ++i) {
+    const std::string key = "k" + std::to_string(i);
+    const std::string tag = three_per_minute.name + ":" + key;  // keys.hpp: PREFIX{RULE:KEY}:ALG
+    redis_server* m = &cluster.master_of(detail::key_slot(tag));
+    auto it = std::find(masters.begin(), masters.end(), m);
+    if (it == masters.end()) continue;
+    masters.erase(it);
+    expect_decided_by_redis(**b, key);
+    const std::vector<std::string> written = m->keys();
+    ASSERT_FALSE(written.empty()) << m->address();
+    for (const std::string& k : written) EXPECT_NE(k.find("{" + tag + "}"), std::string::npos) << k;
+  }
+  EXPECT_TRUE(masters.empty());
 }
 
 TEST_F(RedisTlsTest, NoVerificationAcceptsAnyServer) {
