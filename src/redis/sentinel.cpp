@@ -75,13 +75,13 @@ sentinel_watch::sentinel_watch(const strand_type& strand, std::vector<endpoint> 
       log_(o.error_log_interval),
       why_not_(sentinels_.size()) {
   for (std::size_t i = 0; i < sentinels_.size(); ++i) {
-    // A failed connection shows as null replies to what was asked; its reason, for the round's log
-    // line, comes right after them.
+    // A failed connection shows as null replies to what was asked, and its reason, for the round's
+    // log line, comes right after them. A sentinel named by a host name is asked once resolved.
     queries_.push_back(std::make_shared<connection>(
         strand_, sentinels_[i], options_, tls_,
-        connection::events{.opened = [] {},
+        connection::events{.opened = [this, i] { on_query_opened(i); },
                            .ready = [] {},
-                           .lost = [this, i](const std::string& why) { why_not_[i] = why; },
+                           .lost = [this, i](const std::string& why) { on_query_lost(i, why); },
                            .server_time = [](std::int64_t) {}},
         connection::peer::sentinel));
   }
@@ -104,14 +104,39 @@ void sentinel_watch::ask_from(std::size_t i) {
   if (i == sentinels_.size()) return round_failed();
   connection& c = *queries_[i];
   c.connect();
-  auto* box = new ask_box{this, i, round_};
-  if (!c.send(resp_command({"SENTINEL", "get-master-addr-by-name", options_.master_name}), &on_answer, box)) {
-    delete box;
-    // Not inside connect(): its failure is told as `lost` first.
-    asio::post(strand_, [self = shared_from_this(), i, round = round_] {
-      if (!self->stopped_ && round == self->round_) self->ask_from(i + 1);
-    });
+  if (c.resolving()) {
+    resolving_ = i;  // asked once its name resolves (on_query_opened), or passed over (on_query_lost)
+    return;
   }
+  send_query(i);
+}
+
+void sentinel_watch::send_query(std::size_t i) {
+  auto* box = new ask_box{this, i, round_};
+  if (!queries_[i]->send(resp_command({"SENTINEL", "get-master-addr-by-name", options_.master_name}), &on_answer,
+                         box)) {
+    delete box;
+    ask_next(i);  // not inside connect(): its failure is told as `lost` first
+  }
+}
+
+void sentinel_watch::ask_next(std::size_t i) {
+  asio::post(strand_, [self = shared_from_this(), i, round = round_] {
+    if (!self->stopped_ && round == self->round_) self->ask_from(i + 1);
+  });
+}
+
+void sentinel_watch::on_query_opened(std::size_t i) {
+  if (!asking_ || resolving_ != i) return;
+  resolving_ = no_sentinel;
+  send_query(i);
+}
+
+void sentinel_watch::on_query_lost(std::size_t i, const std::string& why) {
+  why_not_[i] = why;
+  if (!asking_ || resolving_ != i) return;  // what was asked is answered null: the round goes on there
+  resolving_ = no_sentinel;
+  ask_next(i);
 }
 
 void sentinel_watch::on_answer(redisReply* reply, void* privdata) {
@@ -123,13 +148,7 @@ void sentinel_watch::answered(std::size_t i, std::uint64_t round, const redisRep
   if (stopped_ || round != round_) return;
   std::optional<endpoint> master;
   if (reply != nullptr) master = read_master_address(*reply, why_not_[i]);
-  if (!master) {
-    // The next sentinel after this one's connection has told why it went (a null reply).
-    asio::post(strand_, [self = shared_from_this(), i, round] {
-      if (!self->stopped_ && round == self->round_) self->ask_from(i + 1);
-    });
-    return;
-  }
+  if (!master) return ask_next(i);  // after this one's connection has told why it went (a null reply)
   asking_ = false;
   if (subscriber_ == nullptr) subscribe(i);
   on_master_(*master);
@@ -151,29 +170,31 @@ void sentinel_watch::round_failed() {
   ask_later();
 }
 
-// On a connection of its own: a subscribed connection takes no other command.
+// On a connection of its own: a subscribed connection takes no other command. SUBSCRIBE goes as the
+// connection is made (after its name resolves, for a host name).
 void sentinel_watch::subscribe(std::size_t i) {
-  subscriber_ =
-      std::make_shared<connection>(strand_, sentinels_[i], options_, tls_,
-                                   connection::events{.opened = [] {},
-                                                      .ready = [] {},
-                                                      .lost =
-                                                          [this](const std::string&) {
-                                                            // A switch may pass unheard until another sentinel is
-                                                            // subscribed to.
-                                                            if (stopped_) return;
-                                                            asio::post(strand_, [self = shared_from_this()] {
-                                                              if (self->stopped_) return;
-                                                              self->subscriber_->close();
-                                                              self->subscriber_ = nullptr;
-                                                              self->ask_later();
-                                                            });
-                                                          },
-                                                      .server_time = [](std::int64_t) {},
-                                                      .message = [this](const redisReply& m) { on_message(m); }},
-                                   connection::peer::sentinel);
+  subscriber_ = std::make_shared<connection>(
+      strand_, sentinels_[i], options_, tls_,
+      connection::events{.opened =
+                             [this] {
+                               subscriber_->send(resp_command({"SUBSCRIBE", switch_channel}), nullptr, nullptr);
+                             },
+                         .ready = [] {},
+                         .lost =
+                             [this](const std::string&) {
+                               // A switch may pass unheard until another sentinel is subscribed to.
+                               if (stopped_) return;
+                               asio::post(strand_, [self = shared_from_this()] {
+                                 if (self->stopped_) return;
+                                 self->subscriber_->close();
+                                 self->subscriber_ = nullptr;
+                                 self->ask_later();
+                               });
+                             },
+                         .server_time = [](std::int64_t) {},
+                         .message = [this](const redisReply& m) { on_message(m); }},
+      connection::peer::sentinel);
   subscriber_->connect();
-  subscriber_->send(resp_command({"SUBSCRIBE", switch_channel}), nullptr, nullptr);
 }
 
 // ["message", "+switch-master", "NAME OLD-IP OLD-PORT NEW-IP NEW-PORT"]

@@ -6,7 +6,8 @@
 // followed as the sentinels announce it. ask() asks again: the engine calls it when the master's
 // connection is lost or refuses its ROLE, or when the master answers READONLY or LOADING. One round
 // runs at a time; a round in which no sentinel names the master is tried again after
-// breaker_probe_interval, and so is a lost subscription. What a sentinel says is only where to
+// breaker_probe_interval, and so is a lost subscription. A sentinel named by a host name is asked,
+// and subscribed to, once the name resolves (passed over when it does not). What a sentinel says is only where to
 // connect: the master's own connection confirms it with ROLE (connection.hpp) before anything is
 // sent there, so a sentinel naming a replica, a closed port or itself never gets a write.
 //
@@ -57,6 +58,10 @@ class sentinel_watch : public std::enable_shared_from_this<sentinel_watch> {
   struct ask_box;
 
   void ask_from(std::size_t i);
+  void send_query(std::size_t i);
+  void ask_next(std::size_t i);
+  void on_query_opened(std::size_t i);
+  void on_query_lost(std::size_t i, const std::string& why);
   static void on_answer(redisReply* reply, void* privdata);
   void answered(std::size_t i, std::uint64_t round, const redisReply* reply);
   void round_failed();
@@ -76,6 +81,8 @@ class sentinel_watch : public std::enable_shared_from_this<sentinel_watch> {
   std::vector<std::string> why_not_;                  // this round: why each sentinel named no master
   std::shared_ptr<connection> subscriber_;            // to +switch-master, on one sentinel
   std::uint64_t round_ = 0;                           // a late answer to an older round is dropped
+  static constexpr std::size_t no_sentinel = static_cast<std::size_t>(-1);
+  std::size_t resolving_ = no_sentinel;  // this round's sentinel whose host name is being resolved
   bool asking_ = false;
   bool ask_again_ = false;  // asked for during a round: one more when it ends
   bool retry_armed_ = false;

@@ -63,10 +63,10 @@ class redis_cluster {
         int tls_port = free_port();
         for (int attempt = 0; attempt < 20 && !bus_free(tls_port); ++attempt) tls_port = free_port();
         tls_ports_.push_back(tls_port);
-        node_args.insert(node_args.end(), {"--tls-port", std::to_string(tls_port), "--tls-cluster", "yes",
-                                           "--tls-replication", "yes", "--tls-cert-file", tls->cert_file,
-                                           "--tls-key-file", tls->key_file, "--tls-ca-cert-file", tls->ca_file,
-                                           "--tls-auth-clients", "no"});
+        node_args.insert(node_args.end(),
+                         {"--tls-port", std::to_string(tls_port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                          "--tls-cert-file", tls->cert_file, "--tls-key-file", tls->key_file, "--tls-ca-cert-file",
+                          tls->ca_file, "--tls-auth-clients", "no"});
       }
       nodes_.push_back(std::make_unique<redis_server>(node_args, bus_free));
     }

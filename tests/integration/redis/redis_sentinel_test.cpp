@@ -149,13 +149,25 @@ void expect_decided_by_redis(backend& b, const std::string& key) {
 
 TEST(RedisSentinelTest, FindsTheMasterPastADownSentinelAndDecidesThere) {
   sentinel_group group;
-  auto sentinels = group.sentinel_addresses();
+  std::vector<std::string> sentinels;
+  for (std::size_t i = 0; i < 3; ++i) {
+    sentinels.push_back("localhost:" + std::to_string(group.sentinel(i).port()));  // asked once resolved
+  }
   sentinels.insert(sentinels.begin(), "127.0.0.1:" + std::to_string(testing::free_port()));  // nobody there
   auto b = make_redis_sentinel_backend(sentinel_options(sentinels));
   ASSERT_TRUE(b) << b.error().message;
   ASSERT_TRUE(eventually([&] { return (*b)->ready(); }, 10s));
   expect_decided_by_redis(**b, "u1");
   EXPECT_FALSE(group.first_master().keys().empty());  // written on the master
+  // Subscribed to +switch-master on one of them (sentinels subscribe to nothing on each other).
+  EXPECT_TRUE(eventually(
+      [&] {
+        for (std::size_t i = 0; i < 3; ++i) {
+          if (group.sentinel(i).string({"CLIENT", "LIST"}).find(" sub=1 ") != std::string::npos) return true;
+        }
+        return false;
+      },
+      5s));
   EXPECT_EQ((*b)->stats().master_switches, 0u);
 }
 
