@@ -53,6 +53,7 @@ bench: build
 	bench/redis/run.sh build/bench/redis_benchmark
 	bench/redis/cluster.sh build/bench/redis_benchmark
 	bench/server/run.sh build/src/server/sluiced
+	bench/server/redis_modes.sh build/src/server/sluiced
 	bench/http/run.sh build/examples/notes_beast
 	bench/etcd/run.sh build/src/server/sluiced
 	bench/envoy/run.sh build/src/server/sluiced build/bench/rls_load
