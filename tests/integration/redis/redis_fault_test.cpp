@@ -1,7 +1,7 @@
 // The Redis backend when Redis fails: killed under load, restarted, too slow (DEBUG SLEEP), down at
 // start-up, flooded. Decisions follow on_error within the command timeout, the circuit breaker stops
 // paying the timeout, the backend reconnects by itself, waiting checks stay bounded; a server that
-// answers with garbage drops its connection.
+// answers with garbage drops its connection; replies cut at every byte are read whole.
 //
 // These tests measure elapsed time against the command timeout because that bound is the contract
 // under test; the margins are wide enough for sanitizer builds on a loaded machine.
@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/redis/byte_proxy.hpp"
 #include "integration/redis/redis_server.hpp"
 #include "integration/redis/scripted_server.hpp"
 #include "support/log_capture.hpp"
@@ -240,6 +241,54 @@ class hostile_server {
 // hiredis makes an array's elements when it reads the header (two billion of them would be 16 GB),
 // makes each value as soon as it is read, and keeps a string's or a line's bytes until it ends. The connection drops
 // instead, and the checks fail at once.
+// Every reply, the handshake's included, reaches the reader one byte at a time: each is read whole
+// once its last byte comes, single checks, batches (checks sent while others are in flight) and a
+// dual-layer check alike.
+TEST(RedisFaultTest, RepliesCutAtEveryByteAreReadWhole) {
+  redis_server redis;
+  testing::byte_proxy proxy(redis.port());
+  auto b = make_redis_backend({.addresses = {proxy.address()},
+                               .command_timeout = 5s,
+                               .on_error = failure_policy::deny,
+                               .breaker_probe_interval = 50ms});
+  ASSERT_TRUE(b) << b.error().message;
+  const rule three{.name = "three", .limit = fixed_window_policy(3, 60s)};
+  auto r = prepared(**b, three);
+  for (int i = 0; i < 4; ++i) {
+    auto d = (*b)->check({.rule = r.get(), .key = "k"});
+    ASSERT_TRUE(d) << d.error().message;
+    EXPECT_EQ(d->source, decision_source::limiter) << i;
+    EXPECT_EQ(d->allowed, i < 3) << i;
+  }
+  // At once: the ones sent while the first is in flight go as one batch call.
+  constexpr int at_once = 30;
+  std::atomic<int> admitted{0}, decided{0}, finished{0};
+  std::promise<void> all_done;
+  for (int i = 0; i < at_once; ++i) {
+    (*b)->async_check({.rule = r.get(), .key = "many" + std::to_string(i % 10)}, [&](result<decision> d) {
+      if (d && d->source == decision_source::limiter) {
+        decided.fetch_add(1);
+        if (d->allowed) admitted.fetch_add(1);
+      }
+      if (finished.fetch_add(1) + 1 == at_once) all_done.set_value();
+    });
+  }
+  ASSERT_EQ(all_done.get_future().wait_for(30s), std::future_status::ready);
+  EXPECT_EQ(decided.load(), at_once);
+  EXPECT_EQ(admitted.load(), at_once);  // three for each of ten keys
+  EXPECT_LT((*b)->stats().calls, 4u + at_once);  // some went in one call
+  const rule dual{.name = "dual", .limit = fixed_window_policy(1, 60s), .tenant = fixed_window_policy(2, 60s)};
+  auto rd = prepared(**b, dual);
+  for (int i = 0; i < 2; ++i) {
+    auto d = (*b)->check({.rule = rd.get(), .tenant = "t", .user = "u"});
+    ASSERT_TRUE(d) << d.error().message;
+    EXPECT_EQ(d->source, decision_source::limiter);
+    EXPECT_EQ(d->allowed, i == 0) << i;
+  }
+  EXPECT_GT(proxy.bytes_passed(), 1000u);  // the handshake's script hashes alone
+  EXPECT_EQ((*b)->stats().protocol_errors, 0u);
+}
+
 TEST(RedisFaultTest, AnOverlongReplyDropsTheConnection) {
   const std::string endless_string = "$2000000000\r\n" + std::string(detail::max_reply_bytes + (1 << 20), 'x');
   const std::string endless_line = "+" + std::string(detail::max_reply_line + (1 << 10), 'x');

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "integration/free_port.hpp"
+#include "integration/redis/byte_proxy.hpp"
 #include "integration/redis/redis_cluster.hpp"
 #include "integration/redis/redis_server.hpp"
 #include "redis/slot.hpp"
@@ -234,6 +235,19 @@ TEST_F(RedisTlsTest, AClusterOverTlsIsReachedOnEachNodesTlsPort) {
     for (const std::string& k : written) EXPECT_NE(k.find("{" + tag + "}"), std::string::npos) << k;
   }
   EXPECT_TRUE(masters.empty());
+}
+
+TEST_F(RedisTlsTest, ChecksAreDecidedWhenTheServersBytesComeOneByOne) {
+  // Its handshake and records cut at every byte, by a proxy on the way.
+  const int port = testing::free_port();
+  auto redis = start(port, false);
+  testing::byte_proxy proxy(port);
+  auto o = tls_options(0);
+  o.addresses = {proxy.address()};
+  auto b = make_redis_backend(o);
+  ASSERT_TRUE(b) << b.error().message;
+  expect_decided_by_redis(**b, "cut");
+  EXPECT_GT(proxy.bytes_passed(), 1000u);
 }
 
 TEST_F(RedisTlsTest, NoVerificationAcceptsAnyServer) {
