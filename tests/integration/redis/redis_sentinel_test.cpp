@@ -15,6 +15,7 @@
 #include <chrono>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -191,6 +192,54 @@ TEST(RedisSentinelTest, SentinelAuthIsItsOwn) {
   ASSERT_TRUE(b);
   ASSERT_TRUE(eventually([&] { return (*b)->ready(); }, 10s));
   expect_decided_by_redis(**b, "u2");
+}
+
+// The ACLs the README documents: on the master, the one-Redis user and ROLE; on the sentinels, a
+// user that may only ask where the master is and hear of switches. Without ROLE, the log says so.
+TEST(RedisSentinelTest, TheMinimalAclsOnTheMasterAndTheSentinelsAreEnough) {
+  sentinel_group group;
+  auto acl = [](redis_server& s, const std::string& rules) {
+    std::vector<std::string> words = {"ACL", "SETUSER"};
+    std::istringstream in(rules);
+    for (std::string w; in >> w;) words.push_back(w);
+    auto r = s.command(words);
+    ASSERT_EQ(r->type, REDIS_REPLY_STATUS) << rules;
+  };
+  const std::string one_redis =
+      "on >pw resetkeys ~sluice:* resetchannels -@all +evalsha +eval +script|load +time +ping +get +set +del "
+      "+pexpire +setrange +zadd +zincrby +zrange +zrangebyscore +zremrangebyrank";
+  acl(group.first_master(), "sluice " + one_redis + " +role");
+  acl(group.first_master(), "norole " + one_redis);
+  for (std::size_t i = 0; i < 3; ++i) {
+    acl(group.sentinel(i),
+        "watcher on >spw resetchannels &+switch-master -@all +sentinel|get-master-addr-by-name "
+        "+subscribe +ping");
+  }
+  auto o = sentinel_options(group.sentinel_addresses());
+  o.username = "sluice";
+  o.password = "pw";
+  o.sentinel_username = "watcher";
+  o.sentinel_password = "spw";
+  auto b = make_redis_sentinel_backend(o);
+  ASSERT_TRUE(b) << b.error().message;
+  ASSERT_TRUE(eventually([&] { return (*b)->ready(); }, 10s));
+  expect_decided_by_redis(**b, "acl");
+  EXPECT_TRUE(eventually(
+      [&] {
+        for (std::size_t i = 0; i < 3; ++i) {
+          if (group.sentinel(i).string({"CLIENT", "LIST"}).find(" sub=1 ") != std::string::npos) return true;
+        }
+        return false;
+      },
+      5s));
+
+  log_capture log;
+  o.username = "norole";
+  auto without = make_redis_sentinel_backend(o);
+  ASSERT_TRUE(without);
+  EXPECT_TRUE(eventually([&] { return log.text().find("ROLE failed on") != std::string::npos; }, 5s)) << log.text();
+  EXPECT_NE(log.text().find("NOPERM"), std::string::npos) << log.text();
+  EXPECT_FALSE((*without)->ready());
 }
 
 TEST(RedisSentinelTest, AnUnknownMasterNameIsNamedAndChecksFollowOnError) {
