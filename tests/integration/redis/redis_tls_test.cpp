@@ -250,6 +250,27 @@ TEST_F(RedisTlsTest, ChecksAreDecidedWhenTheServersBytesComeOneByOne) {
   EXPECT_GT(proxy.bytes_passed(), 1000u);
 }
 
+// Redis Sentinel over TLS: the sentinel reached on its tls-port names the master's tls-port (it
+// watches the master over TLS too), and the checks go there over TLS.
+TEST_F(RedisTlsTest, ASentinelAndItsMasterOverTls) {
+  const int master_port = testing::free_port();
+  auto master = start(master_port, false);
+  const int sentinel_port = testing::free_port();
+  redis_server sentinel({"--sentinel", "--tls-port", std::to_string(sentinel_port), "--tls-cert-file",
+                         certs_->path("server.crt"), "--tls-key-file", certs_->path("server.key"), "--tls-ca-cert-file",
+                         certs_->path("ca.crt"), "--tls-auth-clients", "no", "--tls-replication", "yes"},
+                        nullptr, "sentinel monitor tlsmaster 127.0.0.1 " + std::to_string(master_port) + " 1\n");
+  auto o = tls_options(sentinel_port);
+  o.master_name = "tlsmaster";
+  auto b = make_redis_sentinel_backend(o);
+  ASSERT_TRUE(b) << b.error().message;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!(*b)->ready() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE((*b)->ready());
+  expect_decided_by_redis(**b, "via-sentinel");
+  EXPECT_FALSE(master->keys().empty());
+}
+
 TEST_F(RedisTlsTest, NoVerificationAcceptsAnyServer) {
   const int port = testing::free_port();
   auto redis = start(port, false);
