@@ -4,6 +4,7 @@
 //
 //   int port = sluice::testing::free_port();
 //   bool bus = sluice::testing::port_free(port + 10000);
+//   int fd = sluice::testing::listen_on_loopback(port);   // a listener of the test's own
 //
 // Thread-safe.
 #pragma once
@@ -43,6 +44,23 @@ inline bool port_free(int port) {
   const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   ::close(fd);
   return ok;
+}
+
+/// A socket listening on 127.0.0.1 on a port the kernel picks, written to `port`; -1 when none
+/// could be had (servers of the test's own: scripted_server, byte_proxy).
+inline int listen_on_loopback(int& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 16) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  port = ntohs(a.sin_port);
+  return fd;
 }
 
 }  // namespace sluice::testing

@@ -25,19 +25,15 @@
 #include <thread>
 #include <vector>
 
+#include "integration/free_port.hpp"
+
 namespace sluice::testing {
 
 class byte_proxy {
  public:
   explicit byte_proxy(int target_port) : target_port_(target_port) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a = loopback(0);
-    socklen_t len = sizeof a;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 16) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ADD_FAILURE() << "cannot listen on 127.0.0.1";
-    }
-    port_ = ntohs(a.sin_port);
+    listener_ = listen_on_loopback(port_);
+    if (listener_ < 0) ADD_FAILURE() << "cannot listen on 127.0.0.1";
     thread_ = std::thread([this] { serve(); });
   }
   ~byte_proxy() {

@@ -27,6 +27,8 @@
 #include <thread>
 #include <vector>
 
+#include "integration/free_port.hpp"
+
 namespace sluice::testing {
 
 class scripted_server {
@@ -35,16 +37,8 @@ class scripted_server {
   using reply_fn = std::function<std::string(const std::vector<std::string>& command)>;
 
   explicit scripted_server(reply_fn reply) : reply_(std::move(reply)) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(listener_, 16) != 0 ||
-        ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-      ADD_FAILURE() << "cannot listen on 127.0.0.1";
-    }
-    port_ = ntohs(a.sin_port);
+    listener_ = listen_on_loopback(port_);
+    if (listener_ < 0) ADD_FAILURE() << "cannot listen on 127.0.0.1";
     thread_ = std::thread([this] { serve(); });
   }
   ~scripted_server() {
