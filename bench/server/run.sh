@@ -10,14 +10,21 @@
 #      call, as bench/redis/run.sh measures it (SCRIPT_TOOL: build/bench/redis_benchmark)
 # and prints requests/s and p99 latency of each, plus sluiced's share of nginx's requests/s.
 #
+# sluiced's CPU per request (user + system time of the process over the run, from /proc) is printed
+# beside each of its runs. BEFORE=path/to/an/older/sluiced runs that binary in turn with this one on
+# Redis (ROUNDS rounds, default 2) and prints the ratios of requests/s and of CPU per request.
+#
 #   bench/server/run.sh [SLUICED]          # default: build/src/server/sluiced (a Release build)
 #   DURATION=10s CONNECTIONS=64 WRK_THREADS=2 bench/server/run.sh
+#   BEFORE=/tmp/before/sluiced ROUNDS=2 bench/server/run.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 sluiced="${1:-$root/build/src/server/sluiced}"
 script_tool="${SCRIPT_TOOL:-$root/build/bench/redis_benchmark}"  # prints the scripts (the Redis ceiling)
 duration="${DURATION:-10s}"
+before="${BEFORE:-}"
+rounds="${ROUNDS:-2}"
 connections="${CONNECTIONS:-64}"
 wrk_threads="${WRK_THREADS:-2}"
 [ -x "$sluiced" ] || { echo "no sluiced at $sluiced (build it first: make build)" >&2; exit 1; }
@@ -44,15 +51,23 @@ limit = 1000
 window = "60s"'
 
 results=()
-run_wrk() {  # run_wrk NAME URL SCRIPT [RULE]
-  local name="$1" url="$2" script="$3" rule_name="${4:-bench}" out
+hz="$(getconf CLK_TCK)"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }  # user + system
+run_wrk() {  # run_wrk NAME URL SCRIPT [RULE [PID]]: PID, the server's, for its CPU per request
+  local name="$1" url="$2" script="$3" rule_name="${4:-bench}" pid="${5:-}" out ticks=0
+  [ -n "$pid" ] && ticks="$(cpu_ticks "$pid")"
   out="$(RULE="$rule_name" wrk -t"$wrk_threads" -c"$connections" -d"$duration" --latency -s "$script" "$url")"
   echo "$out" >"$work/$name.wrk"
-  local rps p99 non2xx
+  local rps p99 non2xx requests cpu=-
   rps="$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")"
   p99="$(awk '$1 == "99%" {print $2}' <<<"$out")"
   non2xx="$(awk '/Non-2xx or 3xx responses:/ {print $5}' <<<"$out")"
-  results+=("$name|$rps|$p99|${non2xx:-0}")
+  requests="$(awk '/requests in/ {print $1}' <<<"$out")"
+  if [ -n "$pid" ]; then
+    cpu="$(awk -v t="$(($(cpu_ticks "$pid") - ticks))" -v hz="$hz" -v n="$requests" \
+      'BEGIN { printf "%.1f", t / hz * 1e6 / n }')"
+  fi
+  results+=("$name|$rps|$p99|${non2xx:-0}|$cpu")
 }
 
 # --- 1. sluiced, memory backend ----------------------------------------------------------------
@@ -68,7 +83,7 @@ TOML
 "$sluiced" --config "$work/memory.toml" 2>"$work/sluiced-memory.log" &
 pids+=($!)
 wait_http "http://127.0.0.1:$port/healthz"
-run_wrk "sluiced (memory)" "http://127.0.0.1:$port" "$here/check.lua"
+run_wrk "sluiced (memory)" "http://127.0.0.1:$port" "$here/check.lua" bench "${pids[-1]}"
 kill "${pids[-1]}"; wait "${pids[-1]}" || true
 
 # --- 2. nginx limit_req ------------------------------------------------------------------------
@@ -119,17 +134,26 @@ timeout_ms = 200
 $rule
 $window_rule
 TOML
-  if "$sluiced" --check-config --config "$work/redis.toml" >/dev/null 2>&1; then
-    "$sluiced" --config "$work/redis.toml" 2>"$work/sluiced-redis.log" &
+  redis_run() {  # redis_run NAME BINARY
+    "$2" --config "$work/redis.toml" 2>"$work/sluiced-redis.log" &
     pids+=($!)
     wait_http "http://127.0.0.1:$port/healthz"
-    run_wrk "sluiced (redis)" "http://127.0.0.1:$port" "$here/check.lua" bench_window
+    run_wrk "$1" "http://127.0.0.1:$port" "$here/check.lua" bench_window "${pids[-1]}"
     curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_checks_total{rule="bench_window",result="allowed"}' ||
       { echo "the Redis run did not check rule bench_window" >&2; exit 1; }
     if curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_fail_open_total [1-9]'; then
       echo "warning: some Redis checks failed open during the run" >&2
     fi
     kill "${pids[-1]}"; wait "${pids[-1]}" || true
+  }
+  if "$sluiced" --check-config --config "$work/redis.toml" >/dev/null 2>&1; then
+    redis_run "sluiced (redis)" "$sluiced"
+    if [ -n "$before" ]; then
+      for round in $(seq 1 "$rounds"); do
+        redis_run "before (redis) $round" "$before"
+        redis_run "after (redis) $round" "$sluiced"
+      done
+    fi
     # The ceiling: the same script one check a call from redis-benchmark (as bench/redis/run.sh
     # measures it) on the same redis-server: 1,000 per 60 s in the script's hex arguments.
     if [ -x "$script_tool" ]; then
@@ -147,10 +171,10 @@ fi
 
 echo
 echo "wrk -t$wrk_threads -c$connections -d$duration, ids over 100,000 keys, $(nproc) cores"
-printf '%-18s %12s %10s %10s\n' "target" "requests/s" "p99" "non-2xx"
+printf '%-18s %12s %10s %10s %12s\n' "target" "requests/s" "p99" "non-2xx" "CPU µs/req"
 for r in "${results[@]}"; do
-  IFS='|' read -r name rps p99 non2xx <<<"$r"
-  printf '%-18s %12s %10s %10s\n' "$name" "$rps" "$p99" "$non2xx"
+  IFS='|' read -r name rps p99 non2xx cpu <<<"$r"
+  printf '%-18s %12s %10s %10s %12s\n' "$name" "$rps" "$p99" "$non2xx" "$cpu"
 done
 mem_rps="$(cut -d'|' -f2 <<<"${results[0]}")"
 nginx_rps="$(cut -d'|' -f2 <<<"${results[1]}")"
@@ -158,4 +182,14 @@ awk -v a="$mem_rps" -v b="$nginx_rps" 'BEGIN { printf "sluiced (memory) / nginx:
 if [ -n "${ceiling:-}" ]; then
   redis_rps="$(cut -d'|' -f2 <<<"${results[2]}")"
   awk -v a="$redis_rps" -v b="$ceiling" 'BEGIN { printf "sluiced (redis) / redis-benchmark one-check ceiling of the same script (%.0f calls/s): %.2f (target >= 0.9)\n", b, a / b }'
+fi
+if [ -n "$before" ]; then
+  for round in $(seq 1 "$rounds"); do
+    b="$(printf '%s\n' "${results[@]}" | grep "^before (redis) $round|")"
+    a="$(printf '%s\n' "${results[@]}" | grep "^after (redis) $round|")"
+    awk -F'|' -v a="$a" -v b="$b" -v r="$round" 'BEGIN {
+      split(a, x, "|"); split(b, y, "|")
+      printf "round %d, this sluiced / BEFORE: requests/s %.2f, CPU per request %.2f (target <= 0.8)\n", r, x[2] / y[2], x[5] / y[5]
+    }'
+  done
 fi

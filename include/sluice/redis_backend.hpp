@@ -2,9 +2,10 @@
 //
 // Each algorithm is one Lua script run atomically by Redis (EVALSHA, reloaded transparently after
 // SCRIPT FLUSH or a restart); time comes from the Redis server's TIME, so instances whose clocks
-// disagree still share one window. The client is hiredis driven by Boost.Asio: one connection,
-// concurrent checks pipelined on it, no thread blocked per check; checks that arrive while calls are
-// in flight share one call of a batch script (redis_options::max_batch). When Redis cannot answer within
+// disagree still share one window. The client does its own I/O on Boost.Asio (TCP, a Unix socket,
+// or TLS) and reads replies with hiredis's reader: one connection per io_context, concurrent checks
+// pipelined on it, no thread blocked per check; checks that arrive while calls are in flight share
+// one call of a batch script (redis_options::max_batch). When Redis cannot answer within
 // `command_timeout`, the decision follows `on_error`; a circuit breaker then stops paying the timeout
 // and reconnects in the background.
 //
@@ -79,6 +80,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -143,6 +145,15 @@ result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& o
 /// connection is closed on the destroying thread; do not restart the io_context meanwhile).
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, boost::asio::io_context& io);
 
+/// As above, on several io_contexts, each run by its own thread (a server's io threads): each gets
+/// its own connections, and a check asked on one of those threads is sent, batched and answered
+/// there, with no hand-off between threads; checks asked on any other thread go to the first. The
+/// first io_context's connections also find the servers for the others (the slot map, the
+/// master), and carry every leased rule's calls (one lease table per rule). Errors: as above, and
+/// an empty list or a null io_context.
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options,
+                                                          std::span<boost::asio::io_context* const> io_threads);
+
 /// The same limits on a Redis Cluster, discovered from `options.addresses` (seeds: any node of the
 /// cluster). Each check goes to the master that owns its keys' slot (a dual-layer rule's two keys
 /// share one: the tenant's hash tag), on one pipelined connection per master; redirections (MOVED,
@@ -155,6 +166,10 @@ result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_op
 /// As above, on the caller's io_context (see make_redis_backend).
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
                                                                   boost::asio::io_context& io);
+
+/// As above, on several io_contexts (see make_redis_backend).
+result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
+                                                                  std::span<boost::asio::io_context* const> io_threads);
 
 /// The same limits on the master that Redis Sentinel watches under `options.master_name`, found by
 /// asking the sentinels at `options.addresses` in turn (with sentinel_username/sentinel_password;
@@ -169,5 +184,9 @@ result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_o
 /// As above, on the caller's io_context (see make_redis_backend).
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options,
                                                                    boost::asio::io_context& io);
+
+/// As above, on several io_contexts (see make_redis_backend).
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(
+    const redis_options& options, std::span<boost::asio::io_context* const> io_threads);
 
 }  // namespace sluice

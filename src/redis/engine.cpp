@@ -17,8 +17,9 @@
 namespace sluice::detail {
 
 engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
-               asio::io_context& io, std::unique_ptr<memory_backend> local)
+               asio::io_context& io, std::shared_ptr<memory_backend> local)
     : options_(o),
+      kind_(t),
       cluster_(t == topology::cluster),
       seeds_(std::move(seeds)),
       io_(io),
@@ -40,10 +41,17 @@ engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology t, 
   }
 }
 
+void engine::follow(const std::shared_ptr<engine>& leader) {
+  leader_ = leader;
+  leader->followers_.push_back(weak_from_this());
+  sentinel_.reset();  // the leader's sentinels name the master to both
+}
+
 void engine::start() {
   asio::post(strand_, [self = shared_from_this()] {
+    if (self->kind_ == topology::one_server) return self->single_->conn->connect();
+    if (self->leader_) return;  // the leader's first map (its first master) starts it
     if (self->sentinel_) return self->sentinel_->start();
-    if (!self->cluster_) return self->single_->conn->connect();
     self->start_refresh();  // connects the seeds; the first to answer is asked for the map
   });
 }
@@ -108,7 +116,8 @@ void engine::async_check(const check_request& req, check_handler handler) {
   checks_.fetch_add(1, std::memory_order_relaxed);
   if (prepared.leases) {
     prepared.leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
-    return check_leased(req, prepared, std::move(handler));
+    engine& leases_owner = leader_ ? *leader_ : *this;  // whose lease calls and sweeps they are
+    return leases_owner.check_leased(req, prepared, std::move(handler));
   }
   send_check(req, &prepared, std::move(handler));
 }

@@ -22,6 +22,13 @@
 // name; a new master takes the checks not yet sent to the old one. A reply that never came (a
 // lost connection) is never resent: the script may have run.
 //
+// An engine serves the checks of one io_context. A backend on several (sluiced: one per io thread)
+// has one engine on each, each with its own connections, so that a check is decided on the thread
+// that asked; the first engine (the leader) finds the servers and tells the others (followers)
+// what it found: the cluster's slot maps, the master the sentinels name. A follower's wish for a
+// new map, or for the sentinels to be asked again, goes to the leader. Leased rules are the
+// leader's: one lease table per rule, whichever thread checks it.
+//
 // Thread-safe where marked; everything else runs on `strand_`.
 #pragma once
 
@@ -179,8 +186,10 @@ class engine : public std::enable_shared_from_this<engine> {
  public:
   /// `tls`: the TLS settings of every connection (tls.hpp), or nullptr for plaintext.
   engine(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
-         asio::io_context& io, std::unique_ptr<memory_backend> local);
+         asio::io_context& io, std::shared_ptr<memory_backend> local);
 
+  /// Makes this engine a follower of `leader` (same options, on another io_context). Before start().
+  void follow(const std::shared_ptr<engine>& leader);
   void start();
   /// Fails everything still waiting and closes the connections. Must not run on the io threads
   /// unless inside the strand.
@@ -194,7 +203,7 @@ class engine : public std::enable_shared_from_this<engine> {
   void async_check_all(std::span<const check_request> checks, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return cluster_; }
-  bool sentinel() const noexcept { return sentinel_ != nullptr; }
+  bool sentinel() const noexcept { return kind_ == topology::sentinel; }
   redis_backend_stats stats() const;
   /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
   /// lease call is in flight. Not on the io threads (there it only starts it).
@@ -272,7 +281,9 @@ class engine : public std::enable_shared_from_this<engine> {
   node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }  // null: wait
   node* node_at(const std::string& address);
   void await_map(const op_ptr& o);
-  void request_refresh();
+  void request_refresh();  // a follower's goes to the leader
+  void ask_sentinels();    // the same
+  void send_awaiting(bool updated);
   void schedule_refresh(steady::duration after, bool replace = false);
   void start_refresh();
   void send_topology_query(node& n, bool shards);
@@ -285,18 +296,21 @@ class engine : public std::enable_shared_from_this<engine> {
   void update_ready();
 
   const redis_options options_;
+  const topology kind_;
   const bool cluster_;
   const std::vector<endpoint> seeds_;
   asio::io_context& io_;
   const std::shared_ptr<const tls_settings> tls_;
   strand_type strand_;
   asio::steady_timer deadline_timer_;
-  std::unique_ptr<memory_backend> local_;
+  std::shared_ptr<memory_backend> local_;  // shared by the leader and its followers
   log_throttle log_;
+  std::shared_ptr<engine> leader_;                // a follower's; null on the leader
+  std::vector<std::weak_ptr<engine>> followers_;  // the leader's; set before start()
 
   // Strand only.
   node_ptr single_;                             // single Redis; sentinel: the master (null until named)
-  std::shared_ptr<sentinel_watch> sentinel_;    // sentinel
+  std::shared_ptr<sentinel_watch> sentinel_;    // sentinel, on the leader
   std::map<std::string, node_ptr> nodes_;       // cluster: by address
   std::vector<node*> slots_;                    // cluster: the master of each slot; null: unknown
   std::deque<op_ptr> inflight_;                 // accepted and not yet failed by the deadline, in deadline order

@@ -35,7 +35,12 @@ node_ptr engine::make_node(const endpoint& where, connection::peer who) {
 // (waiting for its handshake or its batch's flush), which closes (what it had in flight completes
 // as unavailable).
 void engine::on_master(const endpoint& where) {
-  if (stopping_ || (single_ && single_->conn->where() == where)) return;  // the same: its probes reconnect it
+  if (stopping_) return;
+  for (const auto& weak : followers_) {
+    // Each time, not only when it changed: a follower that met READONLY asked for this answer.
+    if (auto f = weak.lock()) asio::post(f->strand_, [f, where] { f->on_master(where); });
+  }
+  if (single_ && single_->conn->where() == where) return;  // the same: its probes reconnect it
   std::vector<std::pair<op_ptr, bool>> unsent;
   if (single_) {
     spdlog::warn("sluice redis backend: the sentinels moved master \"{}\" from {} to {}", options_.master_name,
@@ -86,7 +91,7 @@ void engine::on_node_ready(node& n) {
   update_ready();
   send_unsent(n);
   if (cluster_ && refresh_wanted_) start_refresh();
-  if (sentinel_) {
+  if (kind_ == topology::sentinel) {
     auto waiting = std::move(awaiting_map_);
     awaiting_map_.clear();
     for (auto& o : waiting) dispatch(o);
@@ -104,7 +109,7 @@ void engine::on_node_lost(node& n, const std::string& why) {
   open_circuit(n, why);
   update_ready();
   if (cluster_) request_refresh();  // a failover, perhaps: where its slots went, the map says
-  if (sentinel_) sentinel_->ask();  // the same: where the master went, the sentinels say
+  if (kind_ == topology::sentinel) ask_sentinels();  // the same: where the master went, the sentinels say
 }
 
 // `count` more consecutive failures of the node (checks it did not answer in time, or answered with

@@ -4,6 +4,7 @@
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <algorithm>
 #include <future>
 #include <optional>
 #include <thread>
@@ -21,6 +22,8 @@ namespace {
 namespace asio = boost::asio;
 using detail::engine;
 
+// One engine per io_context (the first leads: engine.hpp); a check goes to the engine of the io
+// thread that asks, any other thread's to the first.
 class redis_backend_impl final : public redis_backend {
  public:
   // Owns an io_context and its thread.
@@ -28,14 +31,15 @@ class redis_backend_impl final : public redis_backend {
       : owned_io_(std::move(io)), work_(owned_io_->get_executor()) {}
   redis_backend_impl() = default;
 
-  void start(std::shared_ptr<engine> e) {
-    engine_ = std::move(e);
-    engine_->start();
+  void start(std::vector<std::shared_ptr<engine>> engines) {
+    engines_ = std::move(engines);
+    for (std::size_t i = 1; i < engines_.size(); ++i) engines_[i]->follow(engines_.front());
+    for (auto& e : engines_) e->start();
     if (owned_io_) thread_ = std::thread([io = owned_io_.get()] { io->run(); });
   }
 
   ~redis_backend_impl() override {
-    engine_->shutdown();
+    for (auto it = engines_.rbegin(); it != engines_.rend(); ++it) (*it)->shutdown();
     if (owned_io_) {
       work_.reset();
       owned_io_->stop();
@@ -44,37 +48,37 @@ class redis_backend_impl final : public redis_backend {
   }
 
   result<decision> decide(const check_request& req) override {
-    if (engine_->on_io_thread()) {
+    if (on_io_thread()) {
       return {errc::invalid_argument,
               "check() blocks and was called on the Redis backend's io thread; use async_check"};
     }
     auto p = std::make_shared<std::promise<result<decision>>>();
     auto f = p->get_future();
-    engine_->async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
+    here().async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
   void async_decide(const check_request& req, check_handler handler) override {
-    engine_->async_check(req, std::move(handler));
+    here().async_check(req, std::move(handler));
   }
 
   result<std::vector<decision>> decide_all(std::span<const check_request> checks) override {
-    if (engine_->on_io_thread()) {
+    if (on_io_thread()) {
       return {errc::invalid_argument,
               "check_all() blocks and was called on the Redis backend's io thread; use async_check_all"};
     }
     auto p = std::make_shared<std::promise<result<std::vector<decision>>>>();
     auto f = p->get_future();
-    engine_->async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
+    here().async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
     return f.get();
   }
 
   void async_decide_all(std::span<const check_request> checks, check_all_handler handler) override {
-    engine_->async_check_all(checks, std::move(handler));
+    here().async_check_all(checks, std::move(handler));
   }
 
   result<prepared_rule_ptr> prepare(const rule& r) override {
-    auto p = engine_->prepare(r, this);
+    auto p = leader().prepare(r, this);
     if (!p) return p.error();
     return prepared_rule_ptr(std::move(*p));
   }
@@ -84,12 +88,34 @@ class redis_backend_impl final : public redis_backend {
     return validate_for_redis(r);
   }
 
-  bool ready() override { return engine_->ready(); }
-  void give_back_leases() override { engine_->give_back_leases(); }
-  redis_backend_stats stats() const override { return engine_->stats(); }
+  bool ready() override {
+    return std::all_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->ready(); });
+  }
+  void give_back_leases() override { leader().give_back_leases(); }
+
+  // Each engine's counters summed, but the topology's, which are the leader's alone.
+  redis_backend_stats stats() const override {
+    redis_backend_stats sum = leader().stats();
+    for (std::size_t i = 1; i < engines_.size(); ++i) {
+      const redis_backend_stats s = engines_[i]->stats();
+      for (auto field : {&redis_backend_stats::checks, &redis_backend_stats::redis_decisions,
+                         &redis_backend_stats::calls, &redis_backend_stats::timeouts, &redis_backend_stats::unavailable,
+                         &redis_backend_stats::protocol_errors, &redis_backend_stats::overloaded,
+                         &redis_backend_stats::fail_open, &redis_backend_stats::fail_closed,
+                         &redis_backend_stats::local_fallback, &redis_backend_stats::script_reloads,
+                         &redis_backend_stats::connects, &redis_backend_stats::circuit_opens,
+                         &redis_backend_stats::redirections, &redis_backend_stats::retries,
+                         &redis_backend_stats::pending}) {
+        sum.*field += s.*field;
+      }
+      sum.circuit_open = sum.circuit_open || s.circuit_open;
+      sum.out_of_memory = sum.out_of_memory || s.out_of_memory;
+    }
+    return sum;
+  }
 
   void append_metrics(std::string& out) override {
-    const redis_backend_stats st = engine_->stats();
+    const redis_backend_stats st = stats();
     auto metric = [&out](const char* name, const char* type, const char* help, std::uint64_t v) {
       prometheus::family(out, name, type, help);
       prometheus::sample(out, name, v);
@@ -110,12 +136,12 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
     metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
            st.out_of_memory ? 1 : 0);
-    engine_->append_lease_metrics(out);
-    if (engine_->sentinel()) {
+    leader().append_lease_metrics(out);
+    if (leader().sentinel()) {
       metric("sluice_redis_sentinel_master_switches_total", "counter",
              "Times the sentinels moved the master to another address.", st.master_switches);
     }
-    if (!engine_->cluster()) return;
+    if (!leader().cluster()) return;
     metric("sluice_redis_cluster_redirections_total", "counter", "Checks sent on by MOVED, ASK or READONLY.",
            st.redirections);
     metric("sluice_redis_cluster_retries_total", "counter", "Checks retried after TRYAGAIN or CLUSTERDOWN.",
@@ -126,9 +152,21 @@ class redis_backend_impl final : public redis_backend {
   }
 
  private:
+  engine& leader() const { return *engines_.front(); }
+  // The engine whose io_context runs on this thread; the leader on any other thread.
+  engine& here() const {
+    for (const auto& e : engines_) {
+      if (e->on_io_thread()) return *e;
+    }
+    return leader();
+  }
+  bool on_io_thread() const {
+    return std::any_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->on_io_thread(); });
+  }
+
   std::unique_ptr<asio::io_context> owned_io_;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work_;
-  std::shared_ptr<engine> engine_;
+  std::vector<std::shared_ptr<engine>> engines_;
   std::thread thread_;
 };
 
@@ -190,17 +228,23 @@ result<std::vector<detail::endpoint>> validate_options(const redis_options& o, t
 }
 
 // The in-process fallback of on_error = local; none otherwise.
-result<std::unique_ptr<memory_backend>> make_local(const redis_options& o) {
-  if (o.on_error != failure_policy::local) return std::unique_ptr<memory_backend>();
+result<std::shared_ptr<memory_backend>> make_local(const redis_options& o) {
+  if (o.on_error != failure_policy::local) return std::shared_ptr<memory_backend>();
   memory_backend_options m;
   if (o.clock_for_test) m.clock = o.clock_for_test;
-  return make_memory_backend(m);
+  auto b = make_memory_backend(m);
+  if (!b) return b.error();
+  return std::shared_ptr<memory_backend>(std::move(*b));
 }
 
-// A backend on its own io thread (io == nullptr) or on the caller's io_context.
-result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, topology t, asio::io_context* io) {
+// A backend on its own io thread (no io_contexts given), or an engine on each io_context given.
+result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, topology t,
+                                                    std::span<asio::io_context* const> ios) {
   auto seeds = validate_options(options, t);
   if (!seeds) return seeds.error();
+  if (std::find(ios.begin(), ios.end(), nullptr) != ios.end()) {
+    return {errc::invalid_argument, "redis backend: an io_context given is null"};
+  }
   auto tls = detail::make_tls_settings(options);
   if (!tls) return tls.error();
   if (options.tls && !options.tls_verify) {
@@ -209,41 +253,69 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
   auto local = make_local(options);
   if (!local) return local.error();
   std::unique_ptr<redis_backend_impl> impl;
-  if (io == nullptr) {
+  std::vector<asio::io_context*> on(ios.begin(), ios.end());
+  if (on.empty()) {
     auto owned = std::make_unique<asio::io_context>(1);
-    io = owned.get();
+    on.push_back(owned.get());
     impl = std::make_unique<redis_backend_impl>(std::move(owned));
   } else {
     impl = std::make_unique<redis_backend_impl>();
   }
-  impl->start(std::make_shared<engine>(options, std::move(*seeds), t, std::move(*tls), *io, std::move(*local)));
+  std::vector<std::shared_ptr<engine>> engines;
+  for (asio::io_context* io : on) engines.push_back(std::make_shared<engine>(options, *seeds, t, *tls, *io, *local));
+  impl->start(std::move(engines));
   return std::unique_ptr<redis_backend>(std::move(impl));
+}
+
+// An engine on each io_context given (at least one).
+result<std::unique_ptr<redis_backend>> make_on_threads(const redis_options& options, topology t,
+                                                       std::span<asio::io_context* const> io_threads) {
+  if (io_threads.empty()) return {errc::invalid_argument, "redis backend: no io_context given"};
+  return make_backend(options, t, io_threads);
 }
 
 }  // namespace
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
-  return make_backend(options, topology::one_server, nullptr);
+  return make_backend(options, topology::one_server, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, asio::io_context& io) {
-  return make_backend(options, topology::one_server, &io);
+  asio::io_context* const one[] = {&io};
+  return make_backend(options, topology::one_server, one);
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options,
+                                                          std::span<asio::io_context* const> io_threads) {
+  return make_on_threads(options, topology::one_server, io_threads);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options) {
-  return make_backend(options, topology::cluster, nullptr);
+  return make_backend(options, topology::cluster, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options, asio::io_context& io) {
-  return make_backend(options, topology::cluster, &io);
+  asio::io_context* const one[] = {&io};
+  return make_backend(options, topology::cluster, one);
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
+                                                                  std::span<asio::io_context* const> io_threads) {
+  return make_on_threads(options, topology::cluster, io_threads);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options) {
-  return make_backend(options, topology::sentinel, nullptr);
+  return make_backend(options, topology::sentinel, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options, asio::io_context& io) {
-  return make_backend(options, topology::sentinel, &io);
+  asio::io_context* const one[] = {&io};
+  return make_backend(options, topology::sentinel, one);
+}
+
+result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options,
+                                                                   std::span<asio::io_context* const> io_threads) {
+  return make_on_threads(options, topology::sentinel, io_threads);
 }
 
 }  // namespace sluice

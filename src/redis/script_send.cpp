@@ -46,7 +46,7 @@ void engine::send_to(node& n, const op_ptr& o, bool asking) {
     if (cluster_) request_refresh();
     return fail(o, errc::backend_unavailable, "not connected to " + n.address);
   }
-  if (sentinel_ && !n.ready) {
+  if (kind_ == topology::sentinel && !n.ready) {
     // Not before ROLE has said it is the master (the handshake answered): a sentinel may name a
     // replica.
     n.unsent.emplace_back(o, asking);

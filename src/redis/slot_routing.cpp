@@ -38,7 +38,7 @@ node* engine::node_at(const std::string& address) {
 // No master is known for the check's slot (before the first map, or a shard without a master): it
 // waits for the next map, unless no node could give one.
 void engine::await_map(const op_ptr& o) {
-  if (sentinel_) {
+  if (kind_ == topology::sentinel) {
     awaiting_map_.push_back(o);  // sent when a master's handshake is answered (on_node_ready)
     return;
   }
@@ -53,11 +53,22 @@ void engine::await_map(const op_ptr& o) {
   request_refresh();
 }
 
-void engine::request_refresh() { schedule_refresh(steady::duration::zero()); }
+void engine::request_refresh() {
+  if (!leader_) return schedule_refresh(steady::duration::zero());
+  asio::post(leader_->strand_, [leader = leader_] { leader->request_refresh(); });
+}
 
-// Always through the timer, never at once: callers may be inside a connection's callbacks.
+void engine::ask_sentinels() {
+  if (!leader_) return sentinel_->ask();
+  asio::post(leader_->strand_, [leader = leader_] {
+    if (!leader->stopping_) leader->sentinel_->ask();
+  });
+}
+
+// Always through the timer, never at once: callers may be inside a connection's callbacks. Only
+// the leader asks for maps.
 void engine::schedule_refresh(steady::duration after, bool replace) {
-  if (stopping_ || !cluster_) return;
+  if (stopping_ || !cluster_ || leader_) return;
   const auto at = std::max(steady::now() + after, refresh_started_ + min_refresh_gap);
   if (refresh_armed_ && refresh_due_ <= at && !replace) return;
   refresh_armed_ = true;
@@ -172,6 +183,12 @@ void engine::handle_topology(node& n, redisReply* reply, bool shards, std::uint6
 void engine::finish_refresh(bool updated) {
   refreshing_ = false;
   if (updated) topology_refreshes_.fetch_add(1, std::memory_order_relaxed);
+  send_awaiting(updated);
+  // The next one, in place of the query's own time limit.
+  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
+}
+
+void engine::send_awaiting(bool updated) {
   auto waiting = std::move(awaiting_map_);
   awaiting_map_.clear();
   for (auto& o : waiting) {
@@ -184,8 +201,6 @@ void engine::finish_refresh(bool updated) {
       dispatch(o);
     }
   }
-  // The next one, in place of the query's own time limit.
-  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
 }
 
 void engine::apply_map(const std::vector<slot_owner>& owners) {
@@ -209,6 +224,15 @@ void engine::apply_map(const std::vector<slot_owner>& owners) {
   slots_ = std::move(fresh);
   masters_.store(masters.size(), std::memory_order_relaxed);
   update_ready();
+  for (const auto& weak : followers_) {
+    if (auto f = weak.lock()) {
+      asio::post(f->strand_, [f, owners] {
+        if (f->stopping_) return;
+        f->apply_map(owners);
+        f->send_awaiting(true);
+      });
+    }
+  }
   // Not from inside the callback that brought the map: closing frees a connection's context.
   asio::post(strand_, [self = shared_from_this()] { self->retire_idle_nodes(); });
 }
@@ -260,7 +284,7 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
     send_to(n, o, asking);
     return true;
   }
-  if (sentinel_ && (kind == reply_error::readonly || kind == reply_error::loading)) {
+  if (kind_ == topology::sentinel && (kind == reply_error::readonly || kind == reply_error::loading)) {
     // An old master (now a replica), or one loading its data after a restart: the script did not
     // run. The check waits for the master the sentinels name next.
     redirections_.fetch_add(1, std::memory_order_relaxed);

@@ -16,8 +16,9 @@ result<void> check_servable(const config& cfg) {
   return {errc::config_invalid, "unknown backend type"};
 }
 
-result<std::unique_ptr<backend>> make_backend(const backend_settings& s) {
-  if (s.type != backend_type::memory) return make_redis_backend_from(s);
+result<std::unique_ptr<backend>> make_backend(const backend_settings& s,
+                                              std::span<boost::asio::io_context* const> io_threads) {
+  if (s.type != backend_type::memory) return make_redis_backend_from(s, io_threads);
   // Windows aligned to the Unix epoch, as on Redis: a fixed window of a minute starts at :00.
   auto b = make_memory_backend({.clock = &unix_epoch_clock(), .max_keys_per_rule = s.max_keys_per_rule});
   if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);

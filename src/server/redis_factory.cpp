@@ -12,10 +12,11 @@ result<void> check_servable_on_redis(const config& cfg) {
   return {};
 }
 
-result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s) {
-  auto b = s.type == backend_type::redis_cluster    ? make_redis_cluster_backend(s.redis)
-           : s.type == backend_type::redis_sentinel ? make_redis_sentinel_backend(s.redis)
-                                                    : make_redis_backend(s.redis);
+result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s,
+                                                         std::span<boost::asio::io_context* const> io_threads) {
+  auto b = s.type == backend_type::redis_cluster    ? make_redis_cluster_backend(s.redis, io_threads)
+           : s.type == backend_type::redis_sentinel ? make_redis_sentinel_backend(s.redis, io_threads)
+                                                    : make_redis_backend(s.redis, io_threads);
   if (!b) return error(errc::config_invalid, "[backend] " + b.error().message);
   return std::unique_ptr<backend>(std::move(*b));
 }

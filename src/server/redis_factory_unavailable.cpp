@@ -11,7 +11,8 @@ result<void> check_servable_on_redis(const config& cfg) {
                                     "\": this sluiced was built without Redis support (SLUICE_WITH_REDIS=OFF)"};
 }
 
-result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s) {
+result<std::unique_ptr<backend>> make_redis_backend_from(const backend_settings& s,
+                                                         std::span<boost::asio::io_context* const>) {
   return error(errc::config_invalid, "[backend] type = \"" + std::string(to_string(s.type)) +
                                          "\": this sluiced was built without Redis support (SLUICE_WITH_REDIS=OFF)");
 }

@@ -50,13 +50,28 @@ int run(const server_options& options) {
     spdlog::error("event=config_invalid error={}", log_value(endpoint.error().message));
     return 1;
   }
-  auto b = make_backend(cfg->backend);
+  unsigned threads = cfg->server.threads;
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  // The io threads' io_contexts: a Redis backend keeps its connections on each.
+  std::vector<std::unique_ptr<worker>> workers;
+  std::vector<asio::io_context*> io_threads;
+  for (unsigned i = 0; i < threads; ++i) {
+    workers.push_back(std::make_unique<worker>());
+    io_threads.push_back(&workers.back()->io);
+  }
+  // Until the service owns them: on a return before, the io_contexts, which never ran, are stopped
+  // before the backend goes, so that it closes its connections on this thread.
+  struct stop_unrun {
+    std::vector<asio::io_context*>* io_threads;
+    ~stop_unrun() {
+      if (io_threads) for (auto* io : *io_threads) io->stop();
+    }
+  } stop_before_return{&io_threads};
+  auto b = make_backend(cfg->backend, io_threads);
   if (!b) {
     spdlog::error("event=backend_failed error={}", log_value(b.error().message));
     return 1;
   }
-  unsigned threads = cfg->server.threads;
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
 
   // SIGPIPE would kill the process on a write to a closed socket; Asio reports EPIPE instead.
   std::signal(SIGPIPE, SIG_IGN);
@@ -74,7 +89,8 @@ int run(const server_options& options) {
       spdlog::error("event=config_invalid error={}", log_value(built->rejected_overrides.front()));
       return 1;
     }
-    service svc(options.config_path, std::move(built->snap), std::move(*b));
+    service svc(options.config_path, std::move(workers), std::move(built->snap), std::move(*b));
+    stop_before_return.io_threads = nullptr;  // the service's own destructor does it now
     if (etcd.enabled) {
       if (auto started = svc.start_etcd(etcd); !started) {
         spdlog::error("event=config_invalid error={}", log_value(started.error().message));
@@ -87,7 +103,7 @@ int run(const server_options& options) {
         return 1;
       }
     }
-    rc = svc.run(*endpoint, threads);
+    rc = svc.run(*endpoint);
   }
   return rc;
 }

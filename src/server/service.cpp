@@ -58,7 +58,7 @@ std::string service::render_metrics() {
   return out;
 }
 
-int service::run(const tcp::endpoint& endpoint, unsigned threads) {
+int service::run(const tcp::endpoint& endpoint) {
   beast::error_code ec;
   acceptor_.open(endpoint.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
@@ -71,16 +71,13 @@ int service::run(const tcp::endpoint& endpoint, unsigned threads) {
   }
   auto snap = current();
   spdlog::info("event=listening address={} threads={} backend={} rules={} enabled={}",
-               endpoint_text(acceptor_.local_endpoint()), threads, to_string(snap->cfg.backend.type),
+               endpoint_text(acceptor_.local_endpoint()), workers_.size(), to_string(snap->cfg.backend.type),
                snap->cfg.rules.size(), snap->cfg.enabled);
 
   // Each io thread runs its own io_context and owns the connections accepted for it
   // (round-robin), as nginx workers do: no strands, no locks between threads on the request path.
   // The main thread runs ioc_: accept, signals, reload and drain, all light.
-  for (unsigned i = 0; i < threads; ++i) {
-    workers_.push_back(std::make_unique<worker>());
-    guards_.emplace_back(workers_.back()->io.get_executor());
-  }
+  for (auto& w : workers_) guards_.emplace_back(w->io.get_executor());
   const std::size_t max_open = max_connections(snap->cfg.server.max_connections);
   max_open_per_worker_ = std::max<std::size_t>(1, max_open / workers_.size());
   spdlog::info("event=connection_limit max_connections={}", max_open_per_worker_ * workers_.size());

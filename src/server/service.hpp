@@ -33,8 +33,10 @@ namespace sluice::server {
 
 class service final : public connection_context {
  public:
-  service(std::string config_path, std::shared_ptr<const snapshot> snap, std::unique_ptr<sluice::backend> b)
-      : workers_(),
+  // `workers`: the io threads' io_contexts, made first because the backend may live on them.
+  service(std::string config_path, std::vector<std::unique_ptr<worker>> workers, std::shared_ptr<const snapshot> snap,
+          std::unique_ptr<sluice::backend> b)
+      : workers_(std::move(workers)),
         config_file_(std::move(config_path)),
         backend_(std::move(b)),
         metrics_({.max_tenant_labels = snap->cfg.server.max_tenant_labels}),
@@ -67,7 +69,14 @@ class service final : public connection_context {
   // Serves Envoy's rate-limit API on `server.grpc_listen`, its limits from [envoy]. Before run().
   result<void> start_envoy(const envoy_settings& settings, const server_settings& server);
 
-  int run(const tcp::endpoint& endpoint, unsigned threads);
+  // Serves on `endpoint` with one thread per worker until drained.
+  int run(const tcp::endpoint& endpoint);
+
+  // A backend on the workers' io_contexts is destroyed with them stopped (run() stops them; a
+  // service that never ran stops them here): it then closes its connections on this thread.
+  ~service() override {
+    for (auto& w : workers_) w->io.stop();
+  }
 
  private:
   // The configured cap, lowered to what the descriptor limit leaves after reserved_descriptors.

@@ -227,10 +227,12 @@ class RedisFailure(unittest.TestCase):
 
 class FakeRedis:
     """Not Redis: on 127.0.0.1, answers every command +OK (PING +PONG) and every script call with
-    `script_reply`, which a test may change; one connection at a time, until closed."""
+    `script_reply`, which a test may change; each connection on its own thread (sluiced has one
+    per io thread), until closed."""
 
     def __init__(self, script_reply):
         self.script_reply = script_reply
+        self.lock = threading.Lock()
         self.connections = 0
         self.script_calls = 0
         self.listener = socket.socket()
@@ -248,30 +250,39 @@ class FakeRedis:
         return False
 
     def serve(self):
+        handlers = []
         while self.readable(self.listener):
             conn, _ = self.listener.accept()
-            self.connections += 1
-            data = b""
-            with conn:
-                while self.readable(conn):
-                    chunk = conn.recv(65536)
-                    if not chunk:
+            with self.lock:
+                self.connections += 1
+            handlers.append(threading.Thread(target=self.answer, args=(conn,), daemon=True))
+            handlers[-1].start()
+        for h in handlers:
+            h.join()
+
+    def answer(self, conn):
+        data = b""
+        with conn:
+            while self.readable(conn):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+                out = b""
+                while True:
+                    name, data = self.next_command(data)
+                    if name is None:
                         break
-                    data += chunk
-                    out = b""
-                    while True:
-                        name, data = self.next_command(data)
-                        if name is None:
-                            break
-                        if name in (b"EVALSHA", b"EVAL"):
+                    if name in (b"EVALSHA", b"EVAL"):
+                        with self.lock:
                             self.script_calls += 1
-                            out += self.script_reply
-                        else:
-                            out += b"+PONG\r\n" if name == b"PING" else b"+OK\r\n"
-                    try:
-                        conn.sendall(out)
-                    except OSError:
-                        break
+                        out += self.script_reply
+                    else:
+                        out += b"+PONG\r\n" if name == b"PING" else b"+OK\r\n"
+                try:
+                    conn.sendall(out)
+                except OSError:
+                    break
 
     @staticmethod
     def next_command(data):
@@ -314,10 +325,11 @@ class MisbehavingRedis(unittest.TestCase):
     def test_a_reply_nobody_asked_for_drops_the_connection_not_the_process(self):
         fake, s = self.start(ADMITTED + b"+OK\r\n")
         sources = set()
+        first = fake.connections
 
         def reconnected():
             sources.add(s.check(rule="shared", key="k").json().get("source", "redis"))
-            return fake.connections >= 3
+            return fake.connections >= first + 2
 
         wait_for(reconnected, timeout=20, what="the connection to be dropped and made again twice")
         self.assertIsNone(s.proc.poll(), "sluiced is alive")
