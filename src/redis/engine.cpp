@@ -16,11 +16,11 @@
 
 namespace sluice::detail {
 
-engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
+engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology_kind t,
+               std::shared_ptr<const tls_settings> tls,
                asio::io_context& io, std::shared_ptr<memory_backend> local)
     : options_(o),
       kind_(t),
-      cluster_(t == topology::cluster),
       seeds_(std::move(seeds)),
       io_(io),
       tls_(std::move(tls)),
@@ -28,12 +28,13 @@ engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology t, 
       deadline_timer_(strand_),
       local_(std::move(local)),
       log_(o.error_log_interval),
+      topology_(t),
       refresh_timer_(strand_),
-      lease_timer_(strand_) {
+      leases_(*this, strand_, options_) {
   switch (t) {
-    case topology::one_server: single_ = make_node(seeds_.front()); break;
-    case topology::cluster: slots_.assign(slot_count, nullptr); break;
-    case topology::sentinel:
+    case topology_kind::one_server: topology_.serve_all(make_node(seeds_.front())); break;
+    case topology_kind::cluster: break;
+    case topology_kind::sentinel:
       // Its callback runs on the strand before do_shutdown stops it: `this` is alive.
       sentinel_ = std::make_shared<sentinel_watch>(strand_, seeds_, options_, tls_,
                                                    [this](const endpoint& master) { on_master(master); });
@@ -49,7 +50,7 @@ void engine::follow(const std::shared_ptr<engine>& leader) {
 
 void engine::start() {
   asio::post(strand_, [self = shared_from_this()] {
-    if (self->kind_ == topology::one_server) return self->single_->conn->connect();
+    if (self->kind_ == topology_kind::one_server) return self->topology_.only()->conn->connect();
     if (self->leader_) return;  // the leader's first map (its first master) starts it
     if (self->sentinel_) return self->sentinel_->start();
     self->start_refresh();  // connects the seeds; the first to answer is asked for the map
@@ -85,21 +86,15 @@ result<std::shared_ptr<redis_prepared_rule>> engine::prepare(const rule& r, cons
     (*p)->local = std::move(*l);
   }
   if (r.lease) {
-    std::lock_guard lock(leases_mutex_);
-    std::shared_ptr<lease_counters>& counters = lease_counters_[r.name];
-    if (!counters) counters = std::make_shared<lease_counters>();
-    (*p)->leases = std::make_shared<lease_table>(r, (*p)->call, max_leased_keys, counters);
+    (*p)->leases = leases().add(r, (*p)->call);
     (*p)->give_back_to = weak_from_this();
-    std::erase_if(lease_tables_, [](const auto& t) { return t.expired(); });
-    lease_tables_.push_back((*p)->leases);
-    asio::post(strand_, [self = shared_from_this()] { self->arm_lease_timer(); });
   }
   return p;
 }
 
 redis_prepared_rule::~redis_prepared_rule() {
   if (!leases) return;
-  if (auto e = give_back_to.lock()) e->return_leases(std::move(leases));
+  if (auto e = give_back_to.lock()) e->leases().return_leases(std::move(leases));
 }
 
 result<std::shared_ptr<redis_prepared_rule>> engine::prepare_script(const rule& r, const backend* owner) {
@@ -116,8 +111,7 @@ void engine::async_check(const check_request& req, check_handler handler) {
   checks_.fetch_add(1, std::memory_order_relaxed);
   if (prepared.leases) {
     prepared.leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
-    engine& leases_owner = leader_ ? *leader_ : *this;  // whose lease calls and sweeps they are
-    return leases_owner.check_leased(req, prepared, std::move(handler));
+    return leases().check(req, prepared, std::move(handler));
   }
   send_check(req, &prepared, std::move(handler));
 }
@@ -188,7 +182,7 @@ void engine::async_check_all(std::span<const check_request> checks, check_all_ha
   std::vector<std::vector<std::size_t>> parts;
   for (std::size_t i = 0; i < checks.size(); ++i) {
     auto same_slot = [&](const std::vector<std::size_t>& p) {
-      return !cluster_ || commands[p.front()].slot == commands[i].slot;
+      return !topology_.one_slot_a_call() || commands[p.front()].slot == commands[i].slot;
     };
     auto it = std::find_if(parts.begin(), parts.end(), same_slot);
     if (it == parts.end()) {
@@ -296,7 +290,7 @@ void engine::fail(const op_ptr& o, errc code, std::string_view why) {
     }
   }
   if (o->all) return complete_part(o, part_failure(*o));
-  if (o->lease) return fail_lease(o);
+  if (o->lease) return leases_.failed(o);
   complete(o, failure_decision(o->req, *o->rule));
 }
 
@@ -451,10 +445,9 @@ void engine::do_shutdown() {
   stopping_ = true;
   deadline_timer_.cancel();
   refresh_timer_.cancel();
-  lease_timer_.cancel();
+  leases_.stop();
   if (sentinel_) sentinel_->stop();
-  if (single_) close_node(*single_);  // waiting checks complete with "unavailable"
-  for (auto& [address, n] : nodes_) close_node(*n);
+  for (const node_ptr& n : topology_.take_all()) close_node(*n);  // waiting checks complete with "unavailable"
   for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");
   inflight_.clear();
   awaiting_map_.clear();

@@ -2,8 +2,8 @@
 // on one Redis server, on a Redis Cluster, or on the master Redis Sentinel names.
 //
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
-// to the strand, routed to the node that serves it — the one server, the master the sentinels name
-// (sentinel.hpp), or the master that owns its slot — and sent on that node's connection
+// to the strand, routed to the node that serves it (topology.hpp: the one server, the master the
+// sentinels name (sentinel.hpp), or the master that owns its slot) and sent on that node's connection
 // (connection.hpp pipelines it behind the others), alone or, while calls are in flight there, in
 // one call of the batch script with the checks that arrive meanwhile (one slot's, on a cluster).
 // Its deadline is written when it is sent, on that node's clock. It completes with the first of:
@@ -11,8 +11,8 @@
 // node's circuit breaker (breaker.hpp) stops paying the timeout while that node is down.
 //
 // engine.cpp holds the check's way in, its deadline and on_error; script_send.cpp its call sent and
-// read; slot_routing.cpp its route (the cluster's slot map: discovery from the seeds, refreshes,
-// readiness; redirections); node_events.cpp the nodes' connection events; lease_calls.cpp a leased
+// read; slot_routing.cpp the cluster's slot map kept current (discovery from the seeds, refreshes)
+// and the redirections; node_events.cpp the nodes' connection events; lease_client.hpp a leased
 // rule's checks (lease_table.hpp). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
@@ -51,10 +51,12 @@
 #include "redis/cluster_topology.hpp"
 #include "redis/command.hpp"
 #include "redis/connection.hpp"
+#include "redis/lease_client.hpp"
 #include "redis/lease_table.hpp"
 #include "redis/sentinel.hpp"
 #include "redis/server_clock.hpp"
 #include "redis/strand.hpp"
+#include "redis/topology.hpp"
 #include "sluice/memory_backend.hpp"
 #include "sluice/redis_backend.hpp"
 
@@ -75,28 +77,6 @@ struct redis_prepared_rule final : prepared_rule {
   prepared_rule_ptr local;              // on_error = local only
   std::shared_ptr<lease_table> leases;  // rule::lease only
   std::weak_ptr<engine> give_back_to;   // leases only: where to give them back
-};
-
-/// A lease's call on its way (lease_table.hpp), and what its reply updates.
-struct lease_call {
-  enum class kind : std::uint8_t {
-    take,        ///< A check that takes a lease.
-    refill,      ///< More units for a key, ahead of need (no check waits for it).
-    user_layer,  ///< A dual-layer check's user layer, its tenant's unit from a lease.
-    give_back,   ///< A lease's unused units back to Redis.
-  };
-  kind what = kind::take;
-  std::shared_ptr<lease_table> table;  // held: a refill or give-back may outlive the rule
-  std::string key;                     // the leased layer's key
-  std::int64_t cost = 0;               // the check's (0: a refill)
-  std::int64_t want = 0;               // take, refill: the most units asked for
-  std::int64_t sent_ns = 0;            // local time, taken before it is sent
-  decision tenant;                     // user_layer: the tenant layer, from the lease
-  lease_reservation reserved;          // user_layer: put back when the user layer refuses or fails
-
-  lease_call(kind k, std::shared_ptr<lease_table> t, std::string_view leased_key, std::int64_t now)
-      : what(k), table(std::move(t)), key(leased_key), sent_ns(now) {}
-  std::size_t script() const;  // the index of the script it calls
 };
 
 struct node;
@@ -165,27 +145,15 @@ using node_ptr = std::shared_ptr<node>;
 
 /// Most times one check is sent on by a cluster to another node (MOVED, ASK, READONLY).
 inline constexpr int max_redirects = 5;
-/// Most cluster nodes connected at once (Redis Cluster's own design ceiling is 1,000): a hostile or
-/// broken topology cannot make the backend open connections without bound.
-inline constexpr std::size_t max_nodes = 1024;
-/// Most keys of one leased rule holding leases on one instance (the others are checked without).
-inline constexpr std::size_t max_leased_keys = 100'000;
-/// How often leases whose period ended are given back.
-inline constexpr std::chrono::milliseconds lease_sweep_interval{50};
 /// Slot map refreshes start at most this often (MOVED and lost connections ask for one).
 inline constexpr std::chrono::milliseconds min_refresh_gap{100};
 
-/// Which servers the checks go to.
-enum class topology : std::uint8_t {
-  one_server,  ///< The one at seeds[0].
-  cluster,     ///< A Redis Cluster, discovered from the seeds.
-  sentinel,    ///< The master the sentinels at the seeds name.
-};
-
 class engine : public std::enable_shared_from_this<engine> {
+  friend class lease_client;  // sends its calls as ops, completes them, reads the failure policy
+
  public:
   /// `tls`: the TLS settings of every connection (tls.hpp), or nullptr for plaintext.
-  engine(const redis_options& o, std::vector<endpoint> seeds, topology t, std::shared_ptr<const tls_settings> tls,
+  engine(const redis_options& o, std::vector<endpoint> seeds, topology_kind t, std::shared_ptr<const tls_settings> tls,
          asio::io_context& io, std::shared_ptr<memory_backend> local);
 
   /// Makes this engine a follower of `leader` (same options, on another io_context). Before start().
@@ -202,16 +170,11 @@ class engine : public std::enable_shared_from_this<engine> {
   void async_check(const check_request& req, check_handler handler);
   void async_check_all(std::span<const check_request> checks, check_all_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
-  bool cluster() const noexcept { return cluster_; }
-  bool sentinel() const noexcept { return kind_ == topology::sentinel; }
+  bool cluster() const noexcept { return kind_ == topology_kind::cluster; }
+  bool sentinel() const noexcept { return kind_ == topology_kind::sentinel; }
   redis_backend_stats stats() const;
-  /// Gives back the leases whose period ended, and waits (at most the command timeout) until no
-  /// lease call is in flight. Not on the io threads (there it only starts it).
-  void give_back_leases();
-  /// Appends the per-rule lease counters (sluice_lease_*).
-  void append_lease_metrics(std::string& out) const;
-  /// Gives back every lease of a dropped rule's table. Thread-safe.
-  void return_leases(std::shared_ptr<lease_table> table);
+  /// This engine's leased rules (a follower's go to its leader's).
+  lease_client& leases() noexcept { return leader_ ? leader_->leases_ : leases_; }
 
  private:
   struct reply_box;  // what a command sent on a connection carries to its callback
@@ -250,21 +213,6 @@ class engine : public std::enable_shared_from_this<engine> {
   void arm_deadline();
   void expire_due();
 
-  // --- leases (lease_calls.cpp) ------------------------------------------------------------------
-  std::int64_t local_ns() const;  // the time leases run on: the test clock's, or the steady clock's
-  void check_leased(const check_request& req, const redis_prepared_rule& p, check_handler handler,
-                    bool resumed = false);
-  bool send_lease(std::shared_ptr<lease_call> call, command c, const check_request& req,
-                  const redis_prepared_rule* rule, check_handler handler);
-  void finish_lease(const op_ptr& o, node& n, const redisReply& reply);
-  void fail_lease(const op_ptr& o);
-  void lease_call_finished();
-  void after_lease_calls(std::function<void()> f);
-  void sweep_now(std::function<void()> when_idle);
-  void send_give_back(const std::shared_ptr<lease_table>& table, const give_back& g);
-  std::vector<std::shared_ptr<lease_table>> live_lease_tables();
-  void arm_lease_timer();
-
   // --- nodes: their connections' events, breakers, out of memory (node_events.cpp) ---------------
   node_ptr make_node(const endpoint& where, connection::peer who = connection::peer::server);
   void on_master(const endpoint& where);
@@ -278,7 +226,7 @@ class engine : public std::enable_shared_from_this<engine> {
   void do_shutdown();
 
   // --- the slot map and redirections (slot_routing.cpp) ----------------------------------------
-  node* route(const op& o) const { return cluster_ ? slots_[o.call.slot] : single_.get(); }  // null: wait
+  node* route(const op& o) const { return topology_.route(o.call.slot); }  // null: wait
   node* node_at(const std::string& address);
   void await_map(const op_ptr& o);
   void request_refresh();  // a follower's goes to the leader
@@ -292,12 +240,10 @@ class engine : public std::enable_shared_from_this<engine> {
   void finish_refresh(bool updated);
   void apply_map(const std::vector<slot_owner>& owners);
   void retire_idle_nodes();
-  bool healthy() const;
   void update_ready();
 
   const redis_options options_;
-  const topology kind_;
-  const bool cluster_;
+  const topology_kind kind_;
   const std::vector<endpoint> seeds_;
   asio::io_context& io_;
   const std::shared_ptr<const tls_settings> tls_;
@@ -309,10 +255,8 @@ class engine : public std::enable_shared_from_this<engine> {
   std::vector<std::weak_ptr<engine>> followers_;  // the leader's; set before start()
 
   // Strand only.
-  node_ptr single_;                             // single Redis; sentinel: the master (null until named)
+  topology topology_;                           // which node serves each slot
   std::shared_ptr<sentinel_watch> sentinel_;    // sentinel, on the leader
-  std::map<std::string, node_ptr> nodes_;       // cluster: by address
-  std::vector<node*> slots_;                    // cluster: the master of each slot; null: unknown
   std::deque<op_ptr> inflight_;                 // accepted and not yet failed by the deadline, in deadline order
   std::vector<op_ptr> awaiting_map_;            // no master known for their slot (sentinel: at all) yet
   asio::steady_timer refresh_timer_;            // cluster
@@ -326,15 +270,7 @@ class engine : public std::enable_shared_from_this<engine> {
   std::size_t next_query_node_ = 0;  // round robin over the masters asked
   bool deadline_armed_ = false;
   bool stopping_ = false;
-  asio::steady_timer lease_timer_;
-  bool lease_timer_armed_ = false;
-  std::vector<std::function<void()>> when_leases_idle_;  // told once no lease call is in flight
-
-  // Leases, any thread.
-  mutable std::mutex leases_mutex_;
-  std::vector<std::weak_ptr<lease_table>> lease_tables_;                                // guarded
-  std::map<std::string, std::shared_ptr<lease_counters>, std::less<>> lease_counters_;  // guarded, by rule name
-  std::atomic<std::size_t> lease_calls_{0};                                             // in flight
+  lease_client leases_;  // sends through this engine
 
   // Any thread.
   std::atomic<bool> ready_{false};

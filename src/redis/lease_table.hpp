@@ -3,7 +3,7 @@
 // checked here.
 //
 // Logic under locks, no I/O: the Redis engine asks it first for every check of a leased rule, and
-// sends what it says to send (lease_calls.cpp). Time is passed in, as local ns (the steady clock
+// sends what it says to send (lease_client.hpp). Time is passed in, as local ns (the steady clock
 // or the test clock); a lease call's time is taken before it is sent, so everything that Redis's
 // answer says about later moments ("until the window ends", "until this unit's slot ends") is read
 // from an earlier origin here, never a later one, and 0.1% shorter (the clocks' drift).

@@ -40,25 +40,28 @@ void engine::on_master(const endpoint& where) {
     // Each time, not only when it changed: a follower that met READONLY asked for this answer.
     if (auto f = weak.lock()) asio::post(f->strand_, [f, where] { f->on_master(where); });
   }
-  if (single_ && single_->conn->where() == where) return;  // the same: its probes reconnect it
+  node* old = topology_.only();
+  if (old != nullptr && old->conn->where() == where) return;  // the same: its probes reconnect it
   std::vector<std::pair<op_ptr, bool>> unsent;
-  if (single_) {
+  if (old != nullptr) {
     spdlog::warn("sluice redis backend: the sentinels moved master \"{}\" from {} to {}", options_.master_name,
-                 single_->address, address_of(where));
+                 old->address, address_of(where));
     master_switches_.fetch_add(1, std::memory_order_relaxed);
-    unsent = std::move(single_->unsent);
-    single_->unsent.clear();
-    for (auto& o : single_->batch) unsent.emplace_back(std::move(o), false);
-    single_->batch.clear();
-    close_node(*single_);
+    unsent = std::move(old->unsent);
+    old->unsent.clear();
+    for (auto& o : old->batch) unsent.emplace_back(std::move(o), false);
+    old->batch.clear();
+    close_node(*old);
   } else {
     spdlog::info("sluice redis backend: the sentinels name {} as master \"{}\"", address_of(where),
                  options_.master_name);
   }
-  single_ = make_node(where, connection::peer::master);
+  node_ptr master = make_node(where, connection::peer::master);
+  node& now = *master;
+  topology_.serve_all(std::move(master));
   for (auto& [o, asking] : unsent) awaiting_map_.push_back(o);
   update_ready();
-  single_->conn->connect();
+  now.conn->connect();
 }
 
 // No more events, waits or probes; what it still had in flight completes as unavailable.
@@ -90,8 +93,8 @@ void engine::on_node_ready(node& n) {
   }
   update_ready();
   send_unsent(n);
-  if (cluster_ && refresh_wanted_) start_refresh();
-  if (kind_ == topology::sentinel) {
+  if (kind_ == topology_kind::cluster && refresh_wanted_) start_refresh();
+  if (kind_ == topology_kind::sentinel) {
     auto waiting = std::move(awaiting_map_);
     awaiting_map_.clear();
     for (auto& o : waiting) dispatch(o);
@@ -108,8 +111,8 @@ void engine::on_node_lost(node& n, const std::string& why) {
   }
   open_circuit(n, why);
   update_ready();
-  if (cluster_) request_refresh();  // a failover, perhaps: where its slots went, the map says
-  if (kind_ == topology::sentinel) ask_sentinels();  // the same: where the master went, the sentinels say
+  if (kind_ == topology_kind::cluster) request_refresh();  // a failover, perhaps: where its slots went, the map says
+  if (kind_ == topology_kind::sentinel) ask_sentinels();  // the same: where the master went, the sentinels say
 }
 
 // `count` more consecutive failures of the node (checks it did not answer in time, or answered with

@@ -91,7 +91,7 @@ class redis_backend_impl final : public redis_backend {
   bool ready() override {
     return std::all_of(engines_.begin(), engines_.end(), [](const auto& e) { return e->ready(); });
   }
-  void give_back_leases() override { leader().give_back_leases(); }
+  void give_back_leases() override { leader().leases().give_back_leases(); }
 
   // Each engine's counters summed, but the topology's, which are the leader's alone.
   redis_backend_stats stats() const override {
@@ -136,7 +136,7 @@ class redis_backend_impl final : public redis_backend {
     metric("sluice_redis_circuit_open", "gauge", "1 while checks fail fast.", st.circuit_open ? 1 : 0);
     metric("sluice_redis_out_of_memory", "gauge", "1 while Redis refuses scripts over maxmemory.",
            st.out_of_memory ? 1 : 0);
-    leader().append_lease_metrics(out);
+    leader().leases().append_metrics(out);
     if (leader().sentinel()) {
       metric("sluice_redis_sentinel_master_switches_total", "counter",
              "Times the sentinels moved the master to another address.", st.master_switches);
@@ -170,21 +170,21 @@ class redis_backend_impl final : public redis_backend {
   std::thread thread_;
 };
 
-using detail::topology;
+using detail::topology_kind;
 
 // The servers to connect to: the first address for a single Redis, every one for a cluster (the
 // seeds) or Sentinel (the sentinels).
-result<std::vector<detail::endpoint>> validate_options(const redis_options& o, topology t) {
+result<std::vector<detail::endpoint>> validate_options(const redis_options& o, topology_kind t) {
   if (o.addresses.empty()) return {errc::invalid_argument, "redis addresses must not be empty"};
   std::vector<detail::endpoint> seeds;
   for (const std::string& a : o.addresses) {
     auto ep = detail::parse_endpoint(a);
     if (!ep) return ep.error();
     seeds.push_back(std::move(*ep));
-    if (t == topology::one_server) break;
+    if (t == topology_kind::one_server) break;
   }
-  const bool cluster = t == topology::cluster;
-  if (t == topology::sentinel) {
+  const bool cluster = t == topology_kind::cluster;
+  if (t == topology_kind::sentinel) {
     // +switch-master names it among words split at spaces.
     if (o.master_name.empty()) return {errc::invalid_argument, "redis master_name must be set for Redis Sentinel"};
     if (o.master_name.size() > 256 || o.master_name.find_first_of(" \t\r\n") != std::string::npos) {
@@ -238,7 +238,7 @@ result<std::shared_ptr<memory_backend>> make_local(const redis_options& o) {
 }
 
 // A backend on its own io thread (no io_contexts given), or an engine on each io_context given.
-result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, topology t,
+result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options, topology_kind t,
                                                     std::span<asio::io_context* const> ios) {
   auto seeds = validate_options(options, t);
   if (!seeds) return seeds.error();
@@ -268,7 +268,7 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
 }
 
 // An engine on each io_context given (at least one).
-result<std::unique_ptr<redis_backend>> make_on_threads(const redis_options& options, topology t,
+result<std::unique_ptr<redis_backend>> make_on_threads(const redis_options& options, topology_kind t,
                                                        std::span<asio::io_context* const> io_threads) {
   if (io_threads.empty()) return {errc::invalid_argument, "redis backend: no io_context given"};
   return make_backend(options, t, io_threads);
@@ -277,45 +277,45 @@ result<std::unique_ptr<redis_backend>> make_on_threads(const redis_options& opti
 }  // namespace
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options) {
-  return make_backend(options, topology::one_server, {});
+  return make_backend(options, topology_kind::one_server, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options, asio::io_context& io) {
   asio::io_context* const one[] = {&io};
-  return make_backend(options, topology::one_server, one);
+  return make_backend(options, topology_kind::one_server, one);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_backend(const redis_options& options,
                                                           std::span<asio::io_context* const> io_threads) {
-  return make_on_threads(options, topology::one_server, io_threads);
+  return make_on_threads(options, topology_kind::one_server, io_threads);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options) {
-  return make_backend(options, topology::cluster, {});
+  return make_backend(options, topology_kind::cluster, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options, asio::io_context& io) {
   asio::io_context* const one[] = {&io};
-  return make_backend(options, topology::cluster, one);
+  return make_backend(options, topology_kind::cluster, one);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_cluster_backend(const redis_options& options,
                                                                   std::span<asio::io_context* const> io_threads) {
-  return make_on_threads(options, topology::cluster, io_threads);
+  return make_on_threads(options, topology_kind::cluster, io_threads);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options) {
-  return make_backend(options, topology::sentinel, {});
+  return make_backend(options, topology_kind::sentinel, {});
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options, asio::io_context& io) {
   asio::io_context* const one[] = {&io};
-  return make_backend(options, topology::sentinel, one);
+  return make_backend(options, topology_kind::sentinel, one);
 }
 
 result<std::unique_ptr<redis_backend>> make_redis_sentinel_backend(const redis_options& options,
                                                                    std::span<asio::io_context* const> io_threads) {
-  return make_on_threads(options, topology::sentinel, io_threads);
+  return make_on_threads(options, topology_kind::sentinel, io_threads);
 }
 
 }  // namespace sluice

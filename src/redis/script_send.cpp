@@ -43,10 +43,10 @@ void engine::send_to(node& n, const op_ptr& o, bool asking) {
     return;
   }
   if (!n.conn->open()) {
-    if (cluster_) request_refresh();
+    if (kind_ == topology_kind::cluster) request_refresh();
     return fail(o, errc::backend_unavailable, "not connected to " + n.address);
   }
-  if (kind_ == topology::sentinel && !n.ready) {
+  if (kind_ == topology_kind::sentinel && !n.ready) {
     // Not before ROLE has said it is the master (the handshake answered): a sentinel may name a
     // replica.
     n.unsent.emplace_back(o, asking);
@@ -111,13 +111,14 @@ void engine::flush_batch(node& n) {
   }
   // On a cluster a script's keys must share a slot: one call per slot (each slot's checks in the
   // order they came; checks of different slots touch different keys).
-  if (cluster_) {
+  const bool by_slot = topology_.one_slot_a_call();
+  if (by_slot) {
     std::stable_sort(ops.begin(), ops.end(),
                      [](const op_ptr& a, const op_ptr& b) { return a->call.slot < b->call.slot; });
   }
   for (std::size_t first = 0; first < ops.size();) {
     std::size_t last = first + 1;
-    while (last < ops.size() && (!cluster_ || ops[last]->call.slot == ops[first]->call.slot)) ++last;
+    while (last < ops.size() && (!by_slot || ops[last]->call.slot == ops[first]->call.slot)) ++last;
     send_batch(n, std::vector<op_ptr>(ops.begin() + static_cast<std::ptrdiff_t>(first),
                                       ops.begin() + static_cast<std::ptrdiff_t>(last)));
     first = last;
@@ -289,7 +290,7 @@ void engine::handle_reply(const op_ptr& o, node& n, redisReply* reply, bool aski
     return fail(o, errc::backend_timeout, "the check reached Redis after its deadline; nothing was recorded");
   }
   if (o->lease) {
-    finish_lease(o, n, *reply);
+    leases_.answered(o, n, *reply);
     trim_inflight();
     return;
   }

@@ -23,29 +23,29 @@
 namespace sluice::detail {
 
 node* engine::node_at(const std::string& address) {
-  if (auto it = nodes_.find(address); it != nodes_.end()) return it->second.get();
-  if (nodes_.size() >= max_nodes) return nullptr;
+  if (node* known = topology_.find(address)) return known;
+  if (!topology_.has_room()) return nullptr;
   auto where = parse_endpoint(address);
   if (!where) return nullptr;
   node_ptr n = make_node(*where);
   n->address = address;
-  node* raw = n.get();
-  nodes_.emplace(address, std::move(n));
-  raw->conn->connect();
-  return raw;
+  node& added = topology_.add(std::move(n));
+  added.conn->connect();
+  return &added;
 }
 
 // No master is known for the check's slot (before the first map, or a shard without a master): it
 // waits for the next map, unless no node could give one.
 void engine::await_map(const op_ptr& o) {
-  if (kind_ == topology::sentinel) {
+  if (kind_ == topology_kind::sentinel) {
     awaiting_map_.push_back(o);  // sent when a master's handshake is answered (on_node_ready)
     return;
   }
-  const bool reachable = std::any_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
+  const auto& nodes = topology_.nodes();
+  const bool reachable = std::any_of(nodes.begin(), nodes.end(), [](const auto& e) {
     return e.second->conn->open() || e.second->conn->resolving();
   });
-  if (!reachable && !nodes_.empty()) {
+  if (!reachable && !nodes.empty()) {
     request_refresh();
     return fail(o, errc::backend_unavailable, "no Redis Cluster node is reachable");
   }
@@ -68,7 +68,7 @@ void engine::ask_sentinels() {
 // Always through the timer, never at once: callers may be inside a connection's callbacks. Only
 // the leader asks for maps.
 void engine::schedule_refresh(steady::duration after, bool replace) {
-  if (stopping_ || !cluster_ || leader_) return;
+  if (stopping_ || kind_ != topology_kind::cluster || leader_) return;
   const auto at = std::max(steady::now() + after, refresh_started_ + min_refresh_gap);
   if (refresh_armed_ && refresh_due_ <= at && !replace) return;
   refresh_armed_ = true;
@@ -94,7 +94,7 @@ void engine::start_refresh() {
   // A master that answers, in turn; else any node that answers (a seed).
   node* asked = nullptr;
   std::vector<node*> candidates;
-  for (auto& [address, n] : nodes_) {
+  for (const auto& [address, n] : topology_.nodes()) {
     if (n->ready && !n->circuit.is_open()) candidates.push_back(n.get());
   }
   std::stable_partition(candidates.begin(), candidates.end(), [](node* n) { return n->serves; });
@@ -185,7 +185,7 @@ void engine::finish_refresh(bool updated) {
   if (updated) topology_refreshes_.fetch_add(1, std::memory_order_relaxed);
   send_awaiting(updated);
   // The next one, in place of the query's own time limit.
-  schedule_refresh(healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
+  schedule_refresh(topology_.healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
 }
 
 void engine::send_awaiting(bool updated) {
@@ -213,15 +213,7 @@ void engine::apply_map(const std::vector<slot_owner>& owners) {
     }
     return;
   }
-  for (auto& [address, n] : nodes_) n->serves = false;
-  std::vector<node*> fresh(slot_count, nullptr);
-  for (const auto& o : owners) {
-    node* n = node_at(o.master);
-    if (n == nullptr) continue;  // an address that does not parse: its slots stay unknown
-    n->serves = true;
-    std::fill(fresh.begin() + o.first, fresh.begin() + o.last + 1, n);
-  }
-  slots_ = std::move(fresh);
+  topology_.apply(owners, [this](const std::string& address) { return node_at(address); });
   masters_.store(masters.size(), std::memory_order_relaxed);
   update_ready();
   for (const auto& weak : followers_) {
@@ -243,33 +235,15 @@ void engine::apply_map(const std::vector<slot_owner>& owners) {
 void engine::retire_idle_nodes() {
   if (stopping_) return;
   const auto now = steady::now();
-  for (auto it = nodes_.begin(); it != nodes_.end();) {
-    node& n = *it->second;
-    if (n.serves || n.in_flight > 0 || !n.unsent.empty() || !n.batch.empty() ||
-        now - n.last_sent < options_.cluster_refresh_interval) {
-      ++it;
-      continue;
-    }
-    close_node(n);
-    it = nodes_.erase(it);
-  }
-}
-
-// Every slot has a master, and each master answers (connected, circuit closed, not out of memory).
-bool engine::healthy() const {
-  if (!cluster_) return single_ && single_->ready && !single_->out_of_memory && !single_->circuit.is_open();
-  if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
-  return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
-    const node& n = *e.second;
-    return !n.serves || (n.ready && !n.out_of_memory && !n.circuit.is_open());
-  });
+  const auto idle = [&](const node& n) {
+    return n.in_flight == 0 && n.unsent.empty() && n.batch.empty() && now - n.last_sent >= options_.cluster_refresh_interval;
+  };
+  for (const node_ptr& n : topology_.take_idle(idle)) close_node(*n);
 }
 
 void engine::update_ready() {
-  ready_.store(healthy(), std::memory_order_relaxed);
-  bool oom = single_ && single_->out_of_memory;
-  for (const auto& [address, n] : nodes_) oom = oom || n->out_of_memory;
-  out_of_memory_.store(oom, std::memory_order_relaxed);
+  ready_.store(topology_.healthy(), std::memory_order_relaxed);
+  out_of_memory_.store(topology_.out_of_memory(), std::memory_order_relaxed);
 }
 
 // The error replies that say the script did not run and where (or when) to send it: true when the
@@ -284,7 +258,7 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
     send_to(n, o, asking);
     return true;
   }
-  if (kind_ == topology::sentinel && (kind == reply_error::readonly || kind == reply_error::loading)) {
+  if (kind_ == topology_kind::sentinel && (kind == reply_error::readonly || kind == reply_error::loading)) {
     // An old master (now a replica), or one loading its data after a restart: the script did not
     // run. The check waits for the master the sentinels name next.
     redirections_.fetch_add(1, std::memory_order_relaxed);
@@ -293,7 +267,7 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
     await_map(o);
     return true;
   }
-  if (!cluster_ || kind == reply_error::other || kind == reply_error::oom) return false;
+  if (kind_ != topology_kind::cluster || kind == reply_error::other || kind == reply_error::oom) return false;
   if (kind == reply_error::tryagain || kind == reply_error::clusterdown) {
     if (kind == reply_error::clusterdown) request_refresh();
     ++o->retries;
@@ -312,8 +286,7 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
       redirections_.fetch_add(1, std::memory_order_relaxed);
       if (kind == reply_error::moved) {
         // The slot lives there now; the rest of the map may have moved too.
-        slots_[to->slot] = target;
-        target->serves = true;
+        topology_.moved(to->slot, *target);
         request_refresh();
       }
       send_to(*target, o, kind == reply_error::ask);
