@@ -168,7 +168,7 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
       const std::string id = "id" + std::to_string(rng() % 10);
       const std::string tenant = "t" + std::to_string(rng() % 4);
       const check_request req{
-          .rule = twins.on_a[0].get(), .key = id, .tenant = tenant, .user = id, .cost = 1 + rng() % 2};
+          .rule = twins.on_a[0].get(), .key = id, .tenant = tenant, .user = id, .cost = static_cast<std::int64_t>(1 + rng() % 2)};
       const decision c = expect_decision(on_cluster->check(req));
       expect_identical(c, expect_decision(one->check(twins.on_b_of(req))), r.name + " step " + std::to_string(i));
       EXPECT_EQ(c.source, decision_source::limiter);
@@ -354,7 +354,9 @@ TEST_F(RedisClusterTest, ReshardingUnderLoadFailsNoCheckAndAdmitsExactlyTheLimit
   EXPECT_EQ(to->string({"CLUSTER", "SETSLOT", s, "NODE", id_of(*to)}), "OK");
   run_checks(100);
   for (redis_server* m : cluster_->masters()) {
-    if (m != to) EXPECT_EQ(m->string({"CLUSTER", "SETSLOT", s, "NODE", id_of(*to)}), "OK");
+    if (m != to) {
+      EXPECT_EQ(m->string({"CLUSTER", "SETSLOT", s, "NODE", id_of(*to)}), "OK");
+    }
   }
   run_checks(300);  // MOVED, then the patched map
   EXPECT_EQ(admitted, 500) << "of " << checks;
@@ -560,7 +562,6 @@ TEST_F(RedisClusterFailoverTest, KilledMasterFollowsOnErrorOnlyDuringTheGap) {
   const rule r{.name = "kill", .limit = fixed_window_policy(1'000'000, 1h)};
   // One key on the master to kill, one on another master.
   const auto [victim, victim_key, other_key] = keys_on_two_masters(*cluster_, r);
-  const int victim_slot = detail::key_slot(single_key(r, victim_key));
   redis_server& heir = cluster_->replica_of(*victim);
   ASSERT_EQ(expect_decision(b->check({.rule = prepared(*b, r).get(), .key = victim_key})).source,
             decision_source::limiter);

@@ -317,7 +317,9 @@ TEST_F(RedisLeaseTest, ALeasedTenantLayerStaysAllOrNothing) {
       auto d = a->check(req);
       ASSERT_TRUE(d.ok()) << d.error().message;
       EXPECT_EQ(d->allowed, i < 3);
-      if (!d->allowed) EXPECT_EQ(d->rejected_by, layer::user);
+      if (!d->allowed) {
+        EXPECT_EQ(d->rejected_by, layer::user);
+      }
       admitted += d->allowed;
     }
   }
