@@ -48,7 +48,7 @@ std::string_view to_string(backend_type t) noexcept;
 struct server_settings {
   /// "host:port" (IPv6 as "[::1]:8080") to listen on. Default: "127.0.0.1:8080".
   std::string listen = "127.0.0.1:8080";
-  /// I/O threads; 0 means one per core. Default: 0.
+  /// I/O threads; 0 means one per core. Default: 0. On Redis each has its own connections.
   unsigned threads = 0;
   /// Log every refusal as `rate_limited=true rule=... user=...`. Default: false.
   /// Also accepted as `log_rejections` in [ratelimit].
