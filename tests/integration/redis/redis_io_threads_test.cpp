@@ -103,6 +103,14 @@ void check_from(asio::io_context& io, backend& b, const prepared_rule& rule, std
   done.get_future().wait();
 }
 
+// `checks` checks of `key` asked on each of the two io threads at once.
+void check_from_both(io_threads& threads, backend& b, const prepared_rule& rule, const std::string& key, int checks,
+                     tally& t) {
+  std::thread second([&] { check_from(threads[1], b, rule, key, checks, t); });
+  check_from(threads[0], b, rule, key, checks, t);
+  second.join();
+}
+
 int client_connections(redis_server& redis) {
   auto r = redis.command({"CLIENT", "LIST"});
   std::string list(r->str, r->len);
@@ -118,9 +126,7 @@ TEST(RedisIoThreadsTest, EachThreadHasItsConnectionAndItsAnswersAndTheLimitHolds
   auto p = (*b)->prepare(r);
   ASSERT_TRUE(p.ok());
   tally t;
-  std::thread second([&] { check_from(threads[1], **b, **p, "user:1", 1500, t); });
-  check_from(threads[0], **b, **p, "user:1", 1500, t);
-  second.join();
+  check_from_both(threads, **b, **p, "user:1", 1500, t);
   EXPECT_EQ(t.failed, 0);
   EXPECT_EQ(t.admitted, 1000);
   EXPECT_EQ(t.refused, 2000);
@@ -163,9 +169,7 @@ TEST(RedisIoThreadsTest, ALeasedRuleIsOneTableWhicheverThreadChecksIt) {
   auto p = (*b)->prepare(r);
   ASSERT_TRUE(p.ok());
   tally t;
-  std::thread second([&] { check_from(threads[1], **b, **p, "hot", 2000, t); });
-  check_from(threads[0], **b, **p, "hot", 2000, t);
-  second.join();
+  check_from_both(threads, **b, **p, "hot", 2000, t);
   EXPECT_EQ(t.failed, 0);
   EXPECT_LE(t.admitted, 500);
   EXPECT_GE(t.admitted, 450) << "at most one lease's share unused";
