@@ -31,28 +31,24 @@ engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology_kin
       topology_(t),
       refresh_timer_(strand_),
       leases_(*this, strand_, options_) {
-  switch (t) {
-    case topology_kind::one_server: topology_.serve_all(make_node(seeds_.front())); break;
-    case topology_kind::cluster: break;
-    case topology_kind::sentinel:
-      // Its callback runs on the strand before do_shutdown stops it: `this` is alive.
-      sentinel_ = std::make_shared<sentinel_watch>(strand_, seeds_, options_, tls_,
-                                                   [this](const endpoint& master) { on_master(master); });
-      break;
-  }
+  if (t == topology_kind::one_server) topology_.serve_all(make_node(seeds_.front()));
 }
 
 void engine::follow(const std::shared_ptr<engine>& leader) {
   leader_ = leader;
   leader->followers_.push_back(weak_from_this());
-  sentinel_.reset();  // the leader's sentinels name the master to both
 }
 
 void engine::start() {
   asio::post(strand_, [self = shared_from_this()] {
     if (self->kind_ == topology_kind::one_server) return self->topology_.only()->conn->connect();
     if (self->leader_) return;  // the leader's first map (its first master) starts it
-    if (self->sentinel_) return self->sentinel_->start();
+    if (self->kind_ == topology_kind::sentinel) {
+      // Its callback runs on the strand before do_shutdown stops it: `this` is alive.
+      self->sentinel_ = std::make_shared<sentinel_watch>(self->strand_, self->seeds_, self->options_, self->tls_,
+                                                         [e = self.get()](const endpoint& m) { e->on_master(m); });
+      return self->sentinel_->start();
+    }
     self->start_refresh();  // connects the seeds; the first to answer is asked for the map
   });
 }

@@ -51,10 +51,7 @@ std::shared_ptr<lease_table> lease_client::add(const rule& r, const prepared_scr
   return table;
 }
 
-void lease_client::stop() {
-  stopping_ = true;
-  timer_.cancel();
-}
+void lease_client::stop() { timer_.cancel(); }
 
 std::int64_t lease_client::local_ns() const {
   if (options_.clock_for_test) return to_ns(options_.clock_for_test->now());
@@ -253,7 +250,7 @@ void lease_client::send_give_back(const std::shared_ptr<lease_table>& table, con
 // On the strand: gives back what the leases of keys idle for a period hold; `when_idle` (if any)
 // is told once no lease call is in flight.
 void lease_client::sweep_now(std::function<void()> when_idle) {
-  if (!stopping_) {
+  if (!engine_.stopping_) {
     const std::int64_t now = local_ns();
     for (const auto& t : live_tables()) {
       for (const give_back& g : t->expire(now)) send_give_back(t, g);
@@ -286,20 +283,20 @@ void lease_client::give_back_leases() {
 
 void lease_client::return_leases(std::shared_ptr<lease_table> table) {
   asio::post(strand_, [e = engine_.shared_from_this(), this, table = std::move(table)] {
-    if (stopping_) return;
+    if (engine_.stopping_) return;
     for (const give_back& g : table->drain(local_ns())) send_give_back(table, g);
   });
 }
 
 // On the strand: while leased rules exist, their ended leases are given back every sweep interval.
 void lease_client::arm_timer() {
-  if (timer_armed_ || stopping_) return;
+  if (timer_armed_ || engine_.stopping_) return;
   timer_armed_ = true;
   timer_.expires_after(lease_sweep_interval);
   timer_.async_wait(
       asio::bind_executor(strand_, [e = engine_.shared_from_this(), this](boost::system::error_code ec) {
         timer_armed_ = false;
-        if (ec || stopping_) return;
+        if (ec || engine_.stopping_) return;
         sweep_now(nullptr);
         if (!live_tables().empty()) arm_timer();
       }));

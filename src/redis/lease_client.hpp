@@ -84,6 +84,7 @@ class lease_client {
   void return_leases(std::shared_ptr<lease_table> table);
   /// Appends the per-rule lease counters (sluice_lease_*). Thread-safe.
   void append_metrics(std::string& out) const;
+  /// The sweeps end (the engine is stopping: no more give-backs either).
   void stop();
 
  private:
@@ -102,7 +103,6 @@ class lease_client {
   const redis_options& options_;  // the engine's
   asio::steady_timer timer_;      // strand only
   bool timer_armed_ = false;      // strand only
-  bool stopping_ = false;         // strand only
   std::vector<std::function<void()>> when_idle_;  // strand only: told once no lease call is in flight
 
   mutable std::mutex mutex_;

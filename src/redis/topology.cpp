@@ -2,7 +2,6 @@
 #include "redis/topology.hpp"
 
 #include <algorithm>
-#include <set>
 
 #include "redis/engine.hpp"
 #include "redis/slot.hpp"
@@ -34,10 +33,7 @@ node_ptr topology::serve_all(node_ptr n) {
   return before;
 }
 
-std::size_t topology::apply(const std::vector<slot_owner>& owners,
-                            const std::function<node*(const std::string&)>& node_at) {
-  std::set<std::string_view> masters;
-  for (const auto& o : owners) masters.insert(o.master);
+void topology::apply(const std::vector<slot_owner>& owners, const std::function<node*(const std::string&)>& node_at) {
   for (auto& [address, n] : nodes_) n->serves = false;
   std::vector<node*> fresh(slot_count, nullptr);
   for (const auto& o : owners) {
@@ -47,7 +43,6 @@ std::size_t topology::apply(const std::vector<slot_owner>& owners,
     std::fill(fresh.begin() + o.first, fresh.begin() + o.last + 1, n);
   }
   slots_ = std::move(fresh);
-  return masters.size();
 }
 
 void topology::moved(std::uint16_t slot, node& to) {

@@ -56,9 +56,8 @@ class topology {
   node* only() const { return slots_.front(); }
 
   /// A cluster's map read: each owner's master serves its range, the node `node_at` gives for its
-  /// address (null: an address that does not parse, whose slots stay unknown). The masters it
-  /// names, counted.
-  std::size_t apply(const std::vector<slot_owner>& owners, const std::function<node*(const std::string&)>& node_at);
+  /// address (null: an address that does not parse, whose slots stay unknown).
+  void apply(const std::vector<slot_owner>& owners, const std::function<node*(const std::string&)>& node_at);
   /// MOVED: `slot` lives on `to` now.
   void moved(std::uint16_t slot, node& to);
 
