@@ -10,14 +10,15 @@ cleanup() {
 }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_http() {  # wait_http URL [SECONDS]: until it answers, at most SECONDS (10)
+wait_http() {  # wait_http URL [SECONDS] [-f]: until it answers (-f: with 2xx), at most SECONDS (10)
   for _ in $(seq 1 $((${2:-10} * 20))); do
-    curl -s -o /dev/null "$1" && return 0
+    curl -s ${3:-} -o /dev/null "$1" && return 0
     sleep 0.05
   done
   echo "nothing answers at $1" >&2
   return 1
 }
+wait_ok() { wait_http "$1" "${2:-10}" -f; }  # wait_ok URL [SECONDS]: until it answers 2xx (sluiced's /readyz)
 wait_redis() {  # wait_redis PORT [SECONDS]: until a redis-server answers PING there, at most SECONDS (10)
   for _ in $(seq 1 $((${2:-10} * 20))); do
     redis-cli -p "$1" PING >/dev/null 2>&1 && return 0

@@ -137,7 +137,7 @@ TOML
   redis_run() {  # redis_run NAME BINARY
     "$2" --config "$work/redis.toml" 2>"$work/sluiced-redis.log" &
     pids+=($!)
-    wait_http "http://127.0.0.1:$port/healthz"
+    wait_ok "http://127.0.0.1:$port/readyz"  # connected to Redis: no check of the run fails open
     run_wrk "$1" "http://127.0.0.1:$port" "$here/check.lua" bench_window "${pids[-1]}"
     curl -s "http://127.0.0.1:$port/metrics" | grep -q 'sluice_checks_total{rule="bench_window",result="allowed"}' ||
       { echo "the Redis run did not check rule bench_window" >&2; exit 1; }

@@ -58,12 +58,26 @@ std::string resp_command(std::initializer_list<std::string_view> args);
 /// "host:port", "[v6addr]:port" (port 1..65535) or "unix:/path"; else errc::invalid_argument.
 result<endpoint> parse_endpoint(std::string_view address);
 
-class connection : public std::enable_shared_from_this<connection> {
+/// What a node (node.hpp) needs of its connection: `connection` below, or a fake in tests.
+class node_connection {
  public:
   /// A command's reply, or nullptr when the connection went away first. The reply is freed after
   /// the call.
   using reply_fn = void (*)(redisReply* reply, void* privdata);
 
+  virtual ~node_connection() = default;
+  virtual void connect() = 0;
+  virtual bool resolving() const noexcept = 0;
+  virtual bool open() const noexcept = 0;
+  virtual bool send(std::string_view resp, reply_fn fn, void* privdata) = 0;
+  virtual void drop_soon(const std::string& why) = 0;
+  virtual void close() = 0;
+  virtual const std::string& address() const noexcept = 0;
+  virtual const endpoint& where() const noexcept = 0;
+};
+
+class connection final : public node_connection, public std::enable_shared_from_this<connection> {
+ public:
   /// Who is on the other end, which sets the handshake.
   enum class peer : std::uint8_t {
     server,    ///< One Redis, or a Cluster node: the scripts run there.
@@ -89,32 +103,32 @@ class connection : public std::enable_shared_from_this<connection> {
   /// `tls`: the TLS settings of every connection of the backend, or nullptr for plaintext.
   connection(const strand_type& strand, endpoint where, const redis_options& o, std::shared_ptr<const tls_settings> tls,
              events e, peer who = peer::server);
-  ~connection();
+  ~connection() override;
 
   /// Starts a connection unless one exists, a host name is being resolved, or close() was called.
-  void connect();
+  void connect() override;
   /// A host name is being resolved (a connection will follow).
-  bool resolving() const noexcept { return resolving_; }
+  bool resolving() const noexcept override { return resolving_; }
   /// A connection exists: connecting, handshaking or ready.
-  bool open() const noexcept { return link_ != nullptr; }
+  bool open() const noexcept override { return link_ != nullptr; }
 
   /// Queues `resp` (one formatted command) behind everything sent before; `fn` (may be null: the
   /// reply is not wanted) gets its reply. False when it could not be queued (no connection): `fn`
   /// will not be called.
-  bool send(std::string_view resp, reply_fn fn, void* privdata);
+  bool send(std::string_view resp, reply_fn fn, void* privdata) override;
 
   /// Ends the connection now: callbacks get null replies, then `lost(why)`. Also from inside a
   /// callback.
   void drop(const std::string& why);
   /// drop(why) next on the strand, if this connection is still the current one.
-  void drop_soon(const std::string& why);
+  void drop_soon(const std::string& why) override;
 
   /// The end: callbacks get null replies, every wait stops, no more events.
-  void close();
+  void close() override;
 
   /// "host:port" or "unix:/path", for logs.
-  const std::string& address() const noexcept { return address_; }
-  const endpoint& where() const noexcept { return endpoint_; }
+  const std::string& address() const noexcept override { return address_; }
+  const endpoint& where() const noexcept override { return endpoint_; }
 
  private:
   struct link;  // one socket (and its TLS stream, reader and queues); a new one per connection

@@ -41,7 +41,7 @@ void engine::follow(const std::shared_ptr<engine>& leader) {
 
 void engine::start() {
   asio::post(strand_, [self = shared_from_this()] {
-    if (self->kind_ == topology_kind::one_server) return self->topology_.only()->conn->connect();
+    if (self->kind_ == topology_kind::one_server) return self->topology_.only()->connect();
     if (self->leader_) return;  // the leader's first map (its first master) starts it
     if (self->kind_ == topology_kind::sentinel) {
       // Its callback runs on the strand before do_shutdown stops it: `this` is alive.
@@ -228,7 +228,7 @@ redis_backend_stats engine::stats() const {
   redis_backend_stats s;
   s.checks = checks_.load(std::memory_order_relaxed);
   s.redis_decisions = redis_decisions_.load(std::memory_order_relaxed);
-  s.calls = calls_.load(std::memory_order_relaxed);
+  s.calls = node_counters_.calls.load(std::memory_order_relaxed);
   s.timeouts = timeouts_.load(std::memory_order_relaxed);
   s.unavailable = unavailable_.load(std::memory_order_relaxed);
   s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
@@ -236,16 +236,16 @@ redis_backend_stats engine::stats() const {
   s.fail_open = fail_open_.load(std::memory_order_relaxed);
   s.fail_closed = fail_closed_.load(std::memory_order_relaxed);
   s.local_fallback = local_fallback_.load(std::memory_order_relaxed);
-  s.script_reloads = script_reloads_.load(std::memory_order_relaxed);
-  s.connects = connects_.load(std::memory_order_relaxed);
-  s.circuit_opens = circuit_opens_.load(std::memory_order_relaxed);
+  s.script_reloads = node_counters_.script_reloads.load(std::memory_order_relaxed);
+  s.connects = node_counters_.connects.load(std::memory_order_relaxed);
+  s.circuit_opens = node_counters_.circuit_opens.load(std::memory_order_relaxed);
   s.redirections = redirections_.load(std::memory_order_relaxed);
   s.retries = retries_.load(std::memory_order_relaxed);
   s.topology_refreshes = topology_refreshes_.load(std::memory_order_relaxed);
   s.masters = masters_.load(std::memory_order_relaxed);
   s.master_switches = master_switches_.load(std::memory_order_relaxed);
   s.pending = pending_.load(std::memory_order_relaxed);
-  s.circuit_open = open_circuits_.load(std::memory_order_relaxed) > 0;
+  s.circuit_open = node_counters_.open_circuits.load(std::memory_order_relaxed) > 0;
   s.out_of_memory = out_of_memory_.load(std::memory_order_relaxed);
   return s;
 }
@@ -430,7 +430,7 @@ void engine::expire_due() {
     }
   }
   // Before completing: a caller woken by this timeout already sees the circuit open.
-  for (auto [n, count] : unanswered) node_failed(*n, count);
+  for (auto [n, count] : unanswered) n->failed(count);
   for (const auto& o : expired) fail(o, errc::backend_timeout, "no reply within command_timeout");
   std::erase_if(awaiting_map_, [](const op_ptr& o) { return o->done; });
   arm_deadline();
@@ -443,7 +443,7 @@ void engine::do_shutdown() {
   refresh_timer_.cancel();
   leases_.stop();
   if (sentinel_) sentinel_->stop();
-  for (const node_ptr& n : topology_.take_all()) close_node(*n);  // waiting checks complete with "unavailable"
+  for (const node_ptr& n : topology_.take_all()) n->close();  // waiting checks complete with "unavailable"
   for (auto& o : inflight_) fail(o, errc::backend_unavailable, "backend is shutting down");
   inflight_.clear();
   awaiting_map_.clear();

@@ -3,16 +3,15 @@
 //
 // A check is built on the caller's thread (command.hpp: its keys, slot and arguments), then posted
 // to the strand, routed to the node that serves it (topology.hpp: the one server, the master the
-// sentinels name (sentinel.hpp), or the master that owns its slot) and sent on that node's connection
-// (connection.hpp pipelines it behind the others), alone or, while calls are in flight there, in
-// one call of the batch script with the checks that arrive meanwhile (one slot's, on a cluster).
-// Its deadline is written when it is sent, on that node's clock. It completes with the first of:
+// sentinels name (sentinel.hpp), or the master that owns its slot) and sent by that node (node.hpp:
+// alone, or, while calls are in flight there, in one call of the batch script with the checks that
+// arrive meanwhile; its deadline written on that node's clock). It completes with the first of:
 // its reply, its deadline, the connection's loss. What Redis cannot answer follows on_error; each
-// node's circuit breaker (breaker.hpp) stops paying the timeout while that node is down.
+// node's circuit breaker stops paying the timeout while that node is down.
 //
 // engine.cpp holds the check's way in, its deadline and on_error; script_send.cpp its call sent and
-// read; slot_routing.cpp the cluster's slot map kept current (discovery from the seeds, refreshes)
-// and the redirections; node_events.cpp the nodes' connection events; lease_client.hpp a leased
+// its reply read; slot_routing.cpp the cluster's slot map kept current (discovery from the seeds, refreshes)
+// and the redirections; node_events.cpp the nodes made and what they report; lease_client.hpp a leased
 // rule's checks (lease_table.hpp). On a cluster a reply may send the check on: MOVED (the map is
 // patched and refreshed), ASK (once, after ASKING), TRYAGAIN and CLUSTERDOWN (after a capped
 // backoff, as often as the deadline allows), READONLY (after a refresh) — each only within the
@@ -47,14 +46,14 @@
 #include <vector>
 
 #include "core/log_throttle.hpp"
-#include "redis/breaker.hpp"
 #include "redis/cluster_topology.hpp"
 #include "redis/command.hpp"
 #include "redis/connection.hpp"
 #include "redis/lease_client.hpp"
 #include "redis/lease_table.hpp"
+#include "redis/node.hpp"
+#include "redis/op.hpp"
 #include "redis/sentinel.hpp"
-#include "redis/server_clock.hpp"
 #include "redis/strand.hpp"
 #include "redis/topology.hpp"
 #include "sluice/memory_backend.hpp"
@@ -64,91 +63,12 @@ struct redisReply;
 
 namespace sluice::detail {
 
-using steady = std::chrono::steady_clock;
-
-class engine;
-
-/// What prepare() makes of a rule: its script call, the rule as the local fallback prepared it, and
-/// a leased rule's leases, given back when it is dropped.
-struct redis_prepared_rule final : prepared_rule {
-  redis_prepared_rule(const rule& r, const backend* owner) : prepared_rule(r, owner) {}
-  ~redis_prepared_rule() override;
-  prepared_script call;
-  prepared_rule_ptr local;              // on_error = local only
-  std::shared_ptr<lease_table> leases;  // rule::lease only
-  std::weak_ptr<engine> give_back_to;   // leases only: where to give them back
-};
-
-struct node;
-
-/// One check_all(), shared by its ops (one per slot on a cluster, one on a single Redis): each
-/// decides its part of the checks in one call of the all-or-nothing script, and the last to finish
-/// calls the handler.
-struct all_call {
-  std::vector<check_request> reqs;  // the caller's: views valid until the handler runs
-  std::vector<const redis_prepared_rule*> rules;
-  std::vector<bool> never;  // a cost its rule never admits: looked at with cost 1, and refused
-  check_all_handler handler;
-  std::mutex mutex;
-  std::vector<decision> out;    // guarded by mutex
-  std::optional<error> failed;  // guarded by mutex
-  std::size_t parts_left = 0;   // guarded by mutex
-  // Over several slots (a cluster), a first round only looks at each; the second records, sent
-  // only when every check would admit. The parts' calls and checks, for the second round.
-  bool looking = false;  // guarded by mutex
-  std::vector<command> part_calls;
-  std::vector<std::vector<std::size_t>> part_checks;
-};
-
-/// One check (or one part of a check_all) on its way through the backend.
-struct op {
-  check_request req;                          // views valid until the handler runs
-  const redis_prepared_rule* rule = nullptr;  // req.rule's, held by the caller as the views
-  check_handler handler;
-  command call;  // EVALSHA, formatted once; its deadline set at each send
-  steady::time_point deadline;
-  node* sent_to = nullptr;  // the node whose reply it waits for; null while it waits for a route
-  int redirects = 0;        // MOVED, ASK, READONLY so far (at most max_redirects)
-  int retries = 0;          // TRYAGAIN, CLUSTERDOWN so far (as many as its deadline allows)
-  bool done = false;
-  bool eval = false;                  // sent as EVAL since a node said NOSCRIPT
-  bool alone = false;                 // never batched again: its batch was refused whole (a redirection)
-  std::shared_ptr<all_call> all;      // a part of a check_all: then `req`, `rule` and `handler` are unused
-  std::vector<std::size_t> part;      // the indices of its checks in all->reqs
-  std::shared_ptr<lease_call> lease;  // a lease's call (never batched)
-
-  std::size_t script() const;  // the index of the script it calls
-};
-
-using op_ptr = std::shared_ptr<op>;
-
-/// One Redis server: the single one, or a cluster node (a seed, or a master of the slot map).
-struct node : std::enable_shared_from_this<node> {
-  node(const strand_type& strand, const redis_options& o) : circuit(strand, o), oom_probe_timer(strand) {}
-
-  std::string address;  // as configured, or as the cluster names it: its key in the node map
-  std::shared_ptr<connection> conn;
-  breaker circuit;
-  server_clock clock;  // observed from its replies; sets the deadline of what is sent to it
-  asio::steady_timer oom_probe_timer;
-  std::vector<std::pair<op_ptr, bool>> unsent;  // waiting for the host name or the clock; bool: ASKING first
-  std::vector<op_ptr> batch;                    // waiting for the flush posted while commands are in flight
-  bool flush_posted = false;
-  std::size_t in_flight = 0;       // commands sent whose callback has not run
-  bool ready = false;              // the handshake was answered
-  bool out_of_memory = false;      // it refuses scripts over maxmemory
-  bool serves = false;             // cluster: a master of the current slot map
-  steady::time_point last_sent{};  // cluster: an idle node that serves no slot is closed after a while
-};
-
-using node_ptr = std::shared_ptr<node>;
-
 /// Most times one check is sent on by a cluster to another node (MOVED, ASK, READONLY).
 inline constexpr int max_redirects = 5;
 /// Slot map refreshes start at most this often (MOVED and lost connections ask for one).
 inline constexpr std::chrono::milliseconds min_refresh_gap{100};
 
-class engine : public std::enable_shared_from_this<engine> {
+class engine : public std::enable_shared_from_this<engine>, private node_owner {
   friend class lease_client;  // sends its calls as ops, completes them, reads the failure policy
 
  public:
@@ -177,9 +97,6 @@ class engine : public std::enable_shared_from_this<engine> {
   lease_client& leases() noexcept { return leader_ ? leader_->leases_ : leases_; }
 
  private:
-  struct reply_box;  // what a command sent on a connection carries to its callback
-  struct batch_box;  // the same for a batch of checks
-
   // --- the check's path (engine.cpp, script_send.cpp) --------------------------------------------
   static result<std::shared_ptr<redis_prepared_rule>> prepare_script(const rule& r, const backend* owner);
   // Precondition (validate): req.rule was prepared by this engine's backend.
@@ -191,15 +108,6 @@ class engine : public std::enable_shared_from_this<engine> {
   void submit(op_ptr o);
   void dispatch(const op_ptr& o);
   void send_to(node& n, const op_ptr& o, bool asking);
-  void send_one(node& n, const op_ptr& o, bool asking);
-  void flush_batch(node& n);
-  void send_batch(node& n, std::vector<op_ptr> ops);
-  static void on_batch_reply(redisReply* reply, void* privdata);
-  void handle_batch_reply(std::vector<op_ptr>& ops, node& n, redisReply* reply);
-  void fail_waiting(node& n, errc code, const std::string& why);
-  void send_unsent(node& n);
-  static void on_reply(redisReply* reply, void* privdata);
-  void handle_reply(const op_ptr& o, node& n, redisReply* reply, bool asking);
   bool redirect(const op_ptr& o, node& n, std::string_view message, bool asking);
   void retry_later(const op_ptr& o);
   void failed_reply(const op_ptr& o, node& n, std::string_view why);
@@ -213,16 +121,17 @@ class engine : public std::enable_shared_from_this<engine> {
   void arm_deadline();
   void expire_due();
 
-  // --- nodes: their connections' events, breakers, out of memory (node_events.cpp) ---------------
+  // --- a reply read (script_reply.cpp) -------------------------------------------------------------
+  void answered(node& n, const op_ptr& o, redisReply* reply, bool asking) override;
+  void answered_batch(node& n, std::vector<op_ptr>& ops, redisReply* reply) override;
+
+  // --- the nodes: made, and what they report (node_events.cpp) -----------------------------------
   node_ptr make_node(const endpoint& where, connection::peer who = connection::peer::server);
   void on_master(const endpoint& where);
-  void close_node(node& n);
-  void on_node_ready(node& n);
-  void on_node_lost(node& n, const std::string& why);
-  void node_failed(node& n, std::size_t count);
-  void open_circuit(node& n, const std::string& why);
-  void set_out_of_memory(node& n, bool oom);
-  void schedule_oom_probe(const node_ptr& n);
+  void ready(node& n) override;
+  void lost(node& n, const std::string& why) override;
+  void failed(const op_ptr& o, errc code, const std::string& why) override { fail(o, code, why); }
+  void health_changed(node&) override { update_ready(); }
   void do_shutdown();
 
   // --- the slot map and redirections (slot_routing.cpp) ----------------------------------------
@@ -270,17 +179,17 @@ class engine : public std::enable_shared_from_this<engine> {
   std::size_t next_query_node_ = 0;  // round robin over the masters asked
   bool deadline_armed_ = false;
   bool stopping_ = false;
-  lease_client leases_;  // sends through this engine
+  lease_client leases_;          // sends through this engine
+  node_counters node_counters_;  // any thread
 
   // Any thread.
   std::atomic<bool> ready_{false};
   std::atomic<bool> out_of_memory_{false};
   std::atomic<std::uint64_t> pending_{0};
   std::atomic<std::uint64_t> masters_{0};
-  std::atomic<int> open_circuits_{0};
   std::atomic<std::uint64_t> checks_{0}, redis_decisions_{0}, timeouts_{0}, unavailable_{0}, protocol_errors_{0},
-      overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, script_reloads_{0}, connects_{0},
-      circuit_opens_{0}, redirections_{0}, retries_{0}, topology_refreshes_{0}, calls_{0}, master_switches_{0};
+      overloaded_{0}, fail_open_{0}, fail_closed_{0}, local_fallback_{0}, redirections_{0}, retries_{0},
+      topology_refreshes_{0}, master_switches_{0};
 };
 
 }  // namespace sluice::detail

@@ -158,14 +158,14 @@ void lease_client::answered(const op_ptr& o, node& n, const redisReply& reply) {
         t.counters().units_returned.fetch_add(static_cast<std::uint64_t>(reply.element[0]->integer),
                                               std::memory_order_relaxed);
       }
-      n.circuit.succeeded();
+      n.succeeded();
       engine_.complete(o, decision{});
       break;
     }
     case lease_call::kind::user_layer: {
       auto d = parse_reply(t.user_layer(), reply);
       if (!d) return engine_.failed_reply(o, n, d.error().message);
-      n.circuit.succeeded();
+      n.succeeded();
       engine_.redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       if (!d->allowed) t.undo(l.key, l.reserved, local_ns());
       engine_.complete(o, combine_layers(l.tenant, *d));
@@ -175,7 +175,7 @@ void lease_client::answered(const op_ptr& o, node& n, const redisReply& reply) {
     case lease_call::kind::refill: {
       auto r = parse_lease_reply(t.script(), l.what == lease_call::kind::refill, l.cost, l.want, reply);
       if (!r) return engine_.failed_reply(o, n, r.error().message);
-      n.circuit.succeeded();
+      n.succeeded();
       if (l.what == lease_call::kind::take) engine_.redis_decisions_.fetch_add(1, std::memory_order_relaxed);
       decision check = r->check;
       std::vector<lease_waiter> waiting =

@@ -32,7 +32,7 @@ namespace sluice::detail {
 
 class engine;
 struct redis_prepared_rule;
-struct node;
+class node;
 struct op;
 using op_ptr = std::shared_ptr<op>;
 

@@ -30,7 +30,7 @@ node* engine::node_at(const std::string& address) {
   node_ptr n = make_node(*where);
   n->address = address;
   node& added = topology_.add(std::move(n));
-  added.conn->connect();
+  added.connect();
   return &added;
 }
 
@@ -43,7 +43,7 @@ void engine::await_map(const op_ptr& o) {
   }
   const auto& nodes = topology_.nodes();
   const bool reachable = std::any_of(nodes.begin(), nodes.end(), [](const auto& e) {
-    return e.second->conn->open() || e.second->conn->resolving();
+    return e.second->connection().open() || e.second->connection().resolving();
   });
   if (!reachable && !nodes.empty()) {
     request_refresh();
@@ -95,7 +95,7 @@ void engine::start_refresh() {
   node* asked = nullptr;
   std::vector<node*> candidates;
   for (const auto& [address, n] : topology_.nodes()) {
-    if (n->ready && !n->circuit.is_open()) candidates.push_back(n.get());
+    if (n->ready() && !n->circuit_open()) candidates.push_back(n.get());
   }
   std::stable_partition(candidates.begin(), candidates.end(), [](node* n) { return n->serves; });
   const auto masters = std::count_if(candidates.begin(), candidates.end(), [](node* n) { return n->serves; });
@@ -109,7 +109,7 @@ void engine::start_refresh() {
     refresh_wanted_ = true;
     for (const std::string& seed : options_.addresses) {
       node* n = node_at(seed);
-      if (n != nullptr && !n->conn->open() && !n->conn->resolving() && !n->circuit.is_open()) n->conn->connect();
+      if (n != nullptr && !n->connection().open() && !n->connection().resolving() && !n->circuit_open()) n->connect();
     }
     schedule_refresh(options_.breaker_probe_interval);
     return;
@@ -135,7 +135,7 @@ void engine::send_topology_query(node& n, bool shards) {
   static const std::string shards_command = "*2\r\n$7\r\nCLUSTER\r\n$6\r\nSHARDS\r\n";
   static const std::string slots_command = "*2\r\n$7\r\nCLUSTER\r\n$5\r\nSLOTS\r\n";
   auto* box = new topology_box{this, n.shared_from_this(), shards, refresh_generation_};
-  if (!n.conn->send(shards ? shards_command : slots_command, &engine::on_topology_reply, box)) {
+  if (!n.connection().send(shards ? shards_command : slots_command, &engine::on_topology_reply, box)) {
     delete box;
     refreshing_ = false;
     schedule_refresh(options_.breaker_probe_interval);
@@ -185,7 +185,8 @@ void engine::finish_refresh(bool updated) {
   if (updated) topology_refreshes_.fetch_add(1, std::memory_order_relaxed);
   send_awaiting(updated);
   // The next one, in place of the query's own time limit.
-  schedule_refresh(topology_.healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval, true);
+  schedule_refresh(topology_.healthy() && updated ? options_.cluster_refresh_interval : options_.breaker_probe_interval,
+                   true);
 }
 
 void engine::send_awaiting(bool updated) {
@@ -235,10 +236,8 @@ void engine::apply_map(const std::vector<slot_owner>& owners) {
 void engine::retire_idle_nodes() {
   if (stopping_) return;
   const auto now = steady::now();
-  const auto idle = [&](const node& n) {
-    return n.in_flight == 0 && n.unsent.empty() && n.batch.empty() && now - n.last_sent >= options_.cluster_refresh_interval;
-  };
-  for (const node_ptr& n : topology_.take_idle(idle)) close_node(*n);
+  const auto idle = [&](const node& n) { return n.idle_for(options_.cluster_refresh_interval, now); };
+  for (const node_ptr& n : topology_.take_idle(idle)) n->close();
 }
 
 void engine::update_ready() {
@@ -252,9 +251,9 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
   const reply_error kind = classify_error(msg);
   if (kind == reply_error::noscript) {
     // The node forgot the script (SCRIPT FLUSH, restart, a new node): send its body; EVAL caches it.
-    if (o->eval || !n.conn->open()) return false;
+    if (o->eval || !n.connection().open()) return false;
     o->eval = true;
-    script_reloads_.fetch_add(1, std::memory_order_relaxed);
+    node_counters_.script_reloads.fetch_add(1, std::memory_order_relaxed);
     send_to(n, o, asking);
     return true;
   }
@@ -262,8 +261,8 @@ bool engine::redirect(const op_ptr& o, node& n, std::string_view msg, bool askin
     // An old master (now a replica), or one loading its data after a restart: the script did not
     // run. The check waits for the master the sentinels name next.
     redirections_.fetch_add(1, std::memory_order_relaxed);
-    n.conn->drop_soon(n.address + " answered " + std::string(msg.substr(0, msg.find(' '))) +
-                      ": no longer the master, asking the sentinels");
+    n.connection().drop_soon(n.address + " answered " + std::string(msg.substr(0, msg.find(' '))) +
+                             ": no longer the master, asking the sentinels");
     await_map(o);
     return true;
   }

@@ -54,12 +54,12 @@ bool topology::healthy() const {
   if (std::find(slots_.begin(), slots_.end(), nullptr) != slots_.end()) return false;
   return std::all_of(nodes_.begin(), nodes_.end(), [](const auto& e) {
     const node& n = *e.second;
-    return !n.serves || (n.ready && !n.out_of_memory && !n.circuit.is_open());
+    return !n.serves || n.answers();
   });
 }
 
 bool topology::out_of_memory() const {
-  return std::any_of(nodes_.begin(), nodes_.end(), [](const auto& e) { return e.second->out_of_memory; });
+  return std::any_of(nodes_.begin(), nodes_.end(), [](const auto& e) { return e.second->out_of_memory(); });
 }
 
 std::vector<node_ptr> topology::take_idle(const std::function<bool(const node&)>& idle) {

@@ -18,7 +18,7 @@
 
 namespace sluice::detail {
 
-struct node;
+class node;
 using node_ptr = std::shared_ptr<node>;
 
 /// Which servers the checks go to.

@@ -1,31 +1,67 @@
 // Which node serves each slot, without a server: one Redis serves every slot, a Sentinel switch
 // swaps the master whole, a cluster's map routes each range, MOVED storms patch slots until the next
-// map, readiness needs every slot served by a node that answers, and idle nodes are let go.
+// map, readiness needs every slot served by a node that answers, and idle nodes are let go. The
+// nodes run on fake connections (fake_connection.hpp).
 #include "redis/topology.hpp"
 
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
 
-#include "redis/engine.hpp"
+#include <map>
+
+#include "redis/node.hpp"
 #include "redis/slot.hpp"
+#include "unit/redis/fake_connection.hpp"
 
 namespace sluice::detail {
 namespace {
 
-class TopologyTest : public ::testing::Test {
+// Nodes on fake connections: ready once their handshake answers, not once their connection is
+// lost, out of memory once a script is refused for it.
+class TopologyTest : public ::testing::Test, private node_owner {
  protected:
-  // A node as the engine makes one, unconnected; `ready` as after its handshake.
   node_ptr make(const std::string& address, bool ready = true) {
-    auto n = std::make_shared<node>(strand_, options_);
-    n->address = address;
-    n->ready = ready;
+    std::shared_ptr<fake_connection> wire;
+    const node_context context{
+        .strand = strand_, .options = options_, .owner = *this, .counters = counters_, .log = log_};
+    auto n = std::make_shared<node>(context, fake_connection::factory(wire, address));
+    n->connect();
+    if (ready) wire->handshake();
+    wires_[n.get()] = wire;
+    made_.push_back(n);
     return n;
+  }
+  void set_ready(node& n, bool ready) {
+    if (!ready) return wires_[&n]->lose("gone");
+    n.connect();
+    wires_[&n]->handshake();
+  }
+  void run_out_of_memory(node& n) {
+    n.send(checks_.make("k"), false);
+    wires_[&n]->feed("-OOM command not allowed when used memory > 'maxmemory'.\r\n");
+  }
+  void TearDown() override {
+    for (const auto& n : made_) n->close();
+    io_.poll();
   }
 
   asio::io_context io_;
   strand_type strand_ = asio::make_strand(io_);
   redis_options options_;
+  node_counters counters_;
+  log_throttle log_{std::chrono::seconds(1)};
+  test_checks checks_;
+  std::map<node*, std::shared_ptr<fake_connection>> wires_;
+  std::vector<node_ptr> made_;
+
+ private:
+  void answered(node&, const op_ptr&, redisReply*, bool) override {}
+  void answered_batch(node&, std::vector<op_ptr>&, redisReply*) override {}
+  void ready(node&) override {}
+  void lost(node&, const std::string&) override {}
+  void failed(const op_ptr&, errc, const std::string&) override {}
+  void health_changed(node&) override {}
 };
 
 TEST_F(TopologyTest, OneServerServesEverySlot) {
@@ -38,10 +74,11 @@ TEST_F(TopologyTest, OneServerServesEverySlot) {
   EXPECT_EQ(t.only(), n.get());
   EXPECT_TRUE(t.healthy());
   EXPECT_FALSE(t.one_slot_a_call()) << "one server runs a call over any keys";
-  n->ready = false;
+  set_ready(*n, false);
   EXPECT_FALSE(t.healthy());
-  n->ready = true;
-  n->out_of_memory = true;
+  set_ready(*n, true);
+  EXPECT_TRUE(t.healthy());
+  run_out_of_memory(*n);
   EXPECT_FALSE(t.healthy());
   EXPECT_TRUE(t.out_of_memory());
 }
@@ -55,7 +92,7 @@ TEST_F(TopologyTest, ASentinelSwitchSwapsTheMasterWhole) {
   EXPECT_EQ(t.nodes().size(), 1u);
   EXPECT_EQ(t.route(42), new_master.get());
   EXPECT_FALSE(t.healthy()) << "not before the new master's handshake (its ROLE) is answered";
-  new_master->ready = true;
+  set_ready(*new_master, true);
   EXPECT_TRUE(t.healthy());
 }
 
@@ -119,10 +156,10 @@ TEST_F(TopologyTest, AClusterIsNotReadyWhileASlotHasNoMasterThatAnswers) {
   EXPECT_FALSE(t.healthy());
   t.apply({{.first = 0, .last = slot_count - 1, .master = "a:1"}}, node_at);
   EXPECT_TRUE(t.healthy());
-  t.find("a:1")->ready = false;
+  set_ready(*t.find("a:1"), false);
   EXPECT_FALSE(t.healthy());
   // A node that serves no slot does not count: a replica given as a seed, down.
-  t.find("a:1")->ready = true;
+  set_ready(*t.find("a:1"), true);
   t.add(make("replica:1", false));
   EXPECT_TRUE(t.healthy());
   EXPECT_EQ(t.take_all().size(), 2u);
@@ -133,7 +170,7 @@ TEST_F(TopologyTest, NodesAreBounded) {
   topology t(topology_kind::cluster);
   for (std::size_t i = 0; i < max_nodes; ++i) {
     ASSERT_TRUE(t.has_room());
-    t.add(make("n" + std::to_string(i) + ":1"));
+    t.add(make(std::to_string(i) + ".example:1"));
   }
   EXPECT_FALSE(t.has_room());
 }
