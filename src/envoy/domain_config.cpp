@@ -152,6 +152,7 @@ class reader {
     r.where = where(n);
     if (n["name"]) r.name = scalar(n["name"], "name");
     if (n["unlimited"]) r.unlimited = boolean(n["unlimited"], "unlimited");
+    if (r.unlimited && n["unit"]) fail(n["unit"], "an unlimited rate_limit has no unit");
     if (n["unit"]) {
       auto u = unit_from_string(scalar(n["unit"], "unit"));
       if (!u || *u == unit::unknown)
@@ -181,16 +182,18 @@ class reader {
       if (r.algorithm != algorithm::token_bucket) fail(n["burst"], "burst is for algorithm: token_bucket only");
       r.burst = integer(n["burst"], "burst", 0, UINT32_MAX);
     }
-    if (n["replaces"]) {
+    if (n["replaces"] && !n["replaces"].IsNull()) {
       const YAML::Node& list = n["replaces"];
       if (!list.IsSequence()) fail(list, "replaces must be a list of {name: ...}");
       for (const YAML::Node& item : list) {
         expect_keys(item, {"name"}, "a replaces entry");
-        if (!item["name"]) fail(item, "a replaces entry needs a name");
+        if (!item["name"] || item["name"].IsNull() || item["name"].Scalar().empty())
+          fail(item, "a replaces entry needs a name");
         count_limit(item);
         r.replaces.push_back(scalar(item["name"], "name"));
+        if (r.replaces.back() == r.name)
+          fail(item, "rate_limit '" + r.name + "' replaces itself, which would turn it off");
       }
-      if (r.name.empty()) fail(n, "a rate_limit that replaces others needs a name");
     }
     if (!r.unlimited) {
       if (!n["requests_per_unit"]) fail(n, "a rate_limit needs requests_per_unit (or unlimited: true)");
@@ -205,7 +208,9 @@ class reader {
       fail(n, "descriptors nest deeper than " + std::to_string(max_descriptor_depth) + " levels");
     if (++descriptors_ > max_descriptors_per_domain)
       fail(n, "more than " + std::to_string(max_descriptors_per_domain) + " descriptors in one domain");
-    expect_keys(n, {"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "detailed_metric"},
+    expect_keys(n,
+                {"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
+                 "detailed_metric", "share_threshold", "value_to_metric", "metadata"},
                 "a descriptor");
     descriptor_config d;
     d.where = where(n);
@@ -220,14 +225,26 @@ class reader {
       if (!list.IsSequence() || list.size() == 0) fail(list, "rate_limits must be a list of rate limits");
       for (const YAML::Node& item : list) d.limits.push_back(rate_limit(item));
     }
-    if (n["shadow_mode"]) d.shadow_mode = boolean(n["shadow_mode"], "shadow_mode");
-    if (n["detailed_metric"]) d.detailed_metric = boolean(n["detailed_metric"], "detailed_metric");
+    for (auto [name, flag] :
+         {std::pair{"shadow_mode", &d.shadow_mode}, std::pair{"quota_mode", &d.quota_mode},
+          std::pair{"detailed_metric", &d.detailed_metric}, std::pair{"share_threshold", &d.share_threshold},
+          std::pair{"value_to_metric", &d.value_to_metric}}) {
+      if (n[name]) *flag = boolean(n[name], name);
+    }
+    if (d.share_threshold && d.value.find('*') == std::string::npos)
+      fail(n["share_threshold"], "share_threshold is for a value with a wildcard ('*')");
+    if (n["metadata"]) {
+      if (!n["metadata"].IsMap()) fail(n["metadata"], "metadata must be a mapping");
+      ignored_.push_back(where(n["metadata"]) + ": metadata (sent by the reference as dynamic metadata) is not used");
+    }
     if (n["descriptors"]) d.descriptors = descriptors(n["descriptors"], depth + 1);
     return d;
   }
 
-  // Siblings are told apart by key and value, as the service looks them up.
+  // Siblings are told apart by key and value, as the service looks them up. No list (null) is an
+  // empty one, as the reference reads it.
   std::vector<descriptor_config> descriptors(const YAML::Node& list, int depth) {
+    if (list.IsNull()) return {};
     if (!list.IsSequence()) fail(list, "descriptors must be a list");
     std::vector<descriptor_config> out;
     std::set<std::pair<std::string, std::string>> seen;
@@ -241,6 +258,9 @@ class reader {
     return out;
   }
 
+  /// What the file set that is read and left unused.
+  std::vector<std::string> take_ignored() { return std::move(ignored_); }
+
  private:
   // An anchor's node is walked at each of its aliases: what it adds is counted each time.
   void count_limit(const YAML::Node& at) {
@@ -250,12 +270,13 @@ class reader {
   }
 
   std::string file_;
+  std::vector<std::string> ignored_;
   std::size_t descriptors_ = 0;
   std::size_t limits_ = 0;
 };
 
-// Limits that replace each other (or one itself) would turn each other off in every request they
-// both apply to: refused at the limit that closes the cycle.
+// Limits that replace each other would turn each other off in every request they all apply to:
+// refused at the limit that closes the cycle (one replacing itself is refused as it is read).
 struct replaces_edge {
   std::string_view to;
   const rate_limit_config* by;
@@ -265,7 +286,9 @@ using replaces_graph = std::map<std::string_view, std::vector<replaces_edge>>;
 void add_edges(const std::vector<descriptor_config>& descriptors, replaces_graph& graph) {
   for (const descriptor_config& d : descriptors) {
     for (const rate_limit_config& l : d.limits) {
-      for (const std::string& to : l.replaces) graph[l.name].push_back({to, &l});
+      for (const std::string& to : l.replaces) {
+        if (!l.name.empty()) graph[l.name].push_back({to, &l});  // an unnamed limit is never replaced
+      }
     }
     add_edges(d.descriptors, graph);  // at most max_descriptor_depth deep
   }
@@ -291,9 +314,6 @@ std::optional<error> replaces_cycle(const domain_config& d) {
       const replaces_edge& e = edges[path.back().second++];
       int& seen = state[e.to];
       if (seen == 1) {
-        if (e.to == name)
-          return error(errc::config_invalid, e.by->where + ": rate_limit '" + std::string(name) +
-                                                 "' replaces itself, which would turn it off");
         std::string cycle;
         auto it = std::find_if(path.begin(), path.end(), [&](const auto& p) { return p.first == e.to; });
         for (; it != path.end(); ++it) cycle += "'" + std::string(it->first) + "' replaces ";
@@ -381,6 +401,7 @@ result<domain_config> parse_domain(std::string_view yaml_text, std::string_view 
     if (d.domain.empty()) r.fail(root["domain"], "domain must not be empty");
     if (root["descriptors"]) d.descriptors = r.descriptors(root["descriptors"], 1);
     if (auto cycle = replaces_cycle(d)) return *cycle;
+    d.ignored = r.take_ignored();
     return d;
   } catch (const error& e) {
     return e;
@@ -389,7 +410,7 @@ result<domain_config> parse_domain(std::string_view yaml_text, std::string_view 
   }
 }
 
-result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir) {
+result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir, bool merge) {
   std::error_code ec;
   std::vector<std::filesystem::path> files;
   for (auto it = std::filesystem::directory_iterator(dir, ec); !ec && it != std::filesystem::directory_iterator();
@@ -405,11 +426,27 @@ result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir
     if (!text) return text.error();
     auto d = parse_domain(*text, f.string());
     if (!d) return d.error();
-    for (const domain_config& other : out) {
-      if (other.domain == d->domain)
-        return {errc::config_invalid, f.string() + ": domain '" + d->domain + "' is also defined by " + other.file};
+    auto other = std::find_if(out.begin(), out.end(), [&](const domain_config& o) { return o.domain == d->domain; });
+    if (other == out.end()) {
+      out.push_back(std::move(*d));
+      continue;
     }
-    out.push_back(std::move(*d));
+    if (!merge)
+      return {errc::config_invalid, f.string() + ": domain '" + d->domain + "' is also defined by " + other->file};
+    // Merged: this file's descriptors join the domain's; one both define is an error, as a
+    // duplicate within one file is.
+    for (descriptor_config& desc : d->descriptors) {
+      const bool taken = std::any_of(other->descriptors.begin(), other->descriptors.end(),
+                                     [&](const auto& o) { return o.key == desc.key && o.value == desc.value; });
+      if (taken) {
+        return {errc::config_invalid, desc.where + ": descriptor '" + desc.key +
+                                          (desc.value.empty() ? "" : "_" + desc.value) + "' of domain '" + d->domain +
+                                          "' is also defined by " + other->file};
+      }
+      other->descriptors.push_back(std::move(desc));
+    }
+    for (std::string& i : d->ignored) other->ignored.push_back(std::move(i));
+    if (auto cycle = replaces_cycle(*other)) return *cycle;
   }
   return out;
 }

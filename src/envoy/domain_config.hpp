@@ -6,17 +6,19 @@
 //     - key: remote_address            # no value: each address its own counter
 //       rate_limit: {unit: minute, requests_per_unit: 60}
 //     - key: path
-//       value: "/login*"               # a value ending in '*' matches by prefix
+//       value: "/login*"               # each '*' matches any run of characters
 //       shadow_mode: true
 //       rate_limits:                   # sluice: several limits, all or nothing
 //         - {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 10}
 //         - {unit: hour, requests_per_unit: 100, window: 30m}
 //
 // The sluice keys — `rate_limits`, and `algorithm`, `burst`, `window` on a limit — extend the
-// format; a file without them means what it means to envoyproxy/ratelimit. Any unknown key, wrong
-// type, duplicate key/value among siblings, impossible value, nesting deeper than max_yaml_depth or
-// cycle of `replaces` (a limit replacing itself included: it would turn the limits off) is an error
-// starting "file:line: ".
+// format; a file without them means what it means to envoyproxy/ratelimit, whose keys are all read
+// (`metadata`, which only feeds the reference's dynamic metadata, is read and left unused: `ignored`
+// says so). Any unknown key, wrong type, duplicate key/value among siblings, impossible value (a
+// unit on an unlimited limit, an empty `replaces` name, share_threshold without a wildcard), nesting
+// deeper than max_yaml_depth or cycle of `replaces` (a limit replacing itself included: it would
+// turn the limits off) is an error starting "file:line: ".
 //
 // Thread-safe: pure functions over values.
 #pragma once
@@ -71,10 +73,13 @@ struct rate_limit_config {
 
 struct descriptor_config {
   std::string key;
-  std::string value;                      ///< Empty: any value, each its own counter; ending in '*': a prefix.
+  std::string value;                      ///< Empty: any value, each its own counter; each '*' matches any run.
   std::vector<rate_limit_config> limits;  ///< rate_limit, or rate_limits' list.
   bool shadow_mode = false;               ///< Counted and reported, but always answered OK.
+  bool quota_mode = false;                ///< Over its limit, the request is refused only if every quota descriptor is.
   bool detailed_metric = false;           ///< Metrics carry the request's values (bounded in number).
+  bool share_threshold = false;           ///< A wildcard value: every value it matches shares one counter.
+  bool value_to_metric = false;  ///< Metrics carry the request's value where the config has none or a wildcard.
   std::vector<descriptor_config> descriptors;
   std::string where;
 };
@@ -83,6 +88,8 @@ struct domain_config {
   std::string domain;
   std::vector<descriptor_config> descriptors;
   std::string file;
+  /// What the file sets that sluice reads and leaves unused ("file:line: ..."), for a warning.
+  std::vector<std::string> ignored;
 };
 
 /// Most bytes of one file, and most descriptors in one domain: a config is data from outside.
@@ -99,8 +106,10 @@ inline constexpr int max_yaml_depth = 64;
 /// One file's domain. `file` prefixes every error message.
 result<domain_config> parse_domain(std::string_view yaml_text, std::string_view file);
 
-/// Every *.yaml and *.yml file of `dir`, in name order, one domain each. Errors: a file that does
-/// not parse (its message), a domain defined by two files (naming both), an unreadable directory.
-result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir);
+/// Every *.yaml and *.yml file of `dir`, in name order, one domain each — or, with `merge`, the
+/// descriptors of every file of one domain together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG).
+/// Errors: a file that does not parse (its message), a domain defined by two files without `merge`
+/// (naming both), a descriptor two merged files define, an unreadable directory.
+result<std::vector<domain_config>> load_domains(const std::filesystem::path& dir, bool merge = false);
 
 }  // namespace sluice::envoy

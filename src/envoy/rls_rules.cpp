@@ -17,7 +17,33 @@ void append_name_part(std::string& out, std::string_view s) {
   }
 }
 
+bool wildcard_match(const wildcard_parts& parts, std::string_view v) noexcept {
+  if (parts.size() == 1) return v == parts.front();
+  const std::string& first = parts.front();
+  const std::string& last = parts.back();
+  if (v.size() < first.size() + last.size() || !v.starts_with(first) || !v.ends_with(last)) return false;
+  // The middle parts in order, each at its first place after the one before.
+  std::string_view rest = v.substr(first.size(), v.size() - first.size() - last.size());
+  for (std::size_t i = 1; i + 1 < parts.size(); ++i) {
+    const std::size_t at = rest.find(parts[i]);
+    if (at == std::string_view::npos) return false;
+    rest.remove_prefix(at + parts[i].size());
+  }
+  return true;
+}
+
 namespace {
+
+// "a*b*" -> {"a", "b", ""}.
+wildcard_parts split_at_stars(std::string_view s) {
+  wildcard_parts parts;
+  for (;;) {
+    const std::size_t star = s.find('*');
+    parts.emplace_back(s.substr(0, star));
+    if (star == std::string_view::npos) return parts;
+    s.remove_prefix(star + 1);
+  }
+}
 
 struct builder {
   const std::string& domain;
@@ -30,7 +56,11 @@ struct builder {
     const std::string lookup = d.value.empty() ? d.key : d.key + "_" + d.value;
     node.path = parent_path.empty() ? lookup : parent_path + "." + lookup;
     node.shadow_mode = d.shadow_mode;
+    node.quota_mode = d.quota_mode;
     node.detailed_metric = d.detailed_metric;
+    node.share_threshold = d.share_threshold;
+    node.value_to_metric = d.value_to_metric;
+    node.value = d.value;
     node.counters = &counters.of(domain, node.path);
     std::string prefix = rule_prefix;
     prefix += '/';
@@ -53,14 +83,14 @@ struct builder {
   void add_child(rls_node& parent, descriptor_config& d, const std::string& rule_prefix) {
     auto child = std::make_unique<rls_node>();
     rls_node* raw = child.get();
-    const bool wildcard = !d.value.empty() && d.value.back() == '*';
+    const bool wildcard = d.value.find('*') != std::string::npos;
     // Looked up as "key_value" (or "key"), as envoyproxy/ratelimit does: key "a_b" and key "a" with
     // value "b" would be one entry.
     const std::string lookup = d.value.empty() ? d.key : d.key + "_" + d.value;
     if (!parent.children.emplace(lookup, std::move(child)).second) {  // a wildcard's is owned here too
       throw error(errc::config_invalid, d.where + ": descriptor '" + lookup + "' is looked up as another one is");
     }
-    if (wildcard) parent.wildcards.emplace_back(lookup.substr(0, lookup.size() - 1), raw);
+    if (wildcard) parent.wildcards.emplace_back(split_at_stars(lookup), raw);
     add(*raw, d, rule_prefix, parent.path);
   }
 };
@@ -95,9 +125,12 @@ void counter_registry::append_metrics(std::string& out) const {
   static constexpr family families[] = {
       {"sluice_envoy_hits_total", "Units asked of each Envoy descriptor's limits (hits_addend).",
        &descriptor_counters::hits},
-      {"sluice_envoy_over_limit_total", "Units refused, by descriptor (shadow_mode ones included).",
+      {"sluice_envoy_over_limit_total",
+       "Units past each descriptor's limit (shadow_mode ones included): of a request that crossed it, only those past.",
        &descriptor_counters::over_limit},
       {"sluice_envoy_within_limit_total", "Units admitted, by descriptor.", &descriptor_counters::within_limit},
+      {"sluice_envoy_near_limit_total", "Units past near_limit_ratio of each descriptor's limit and within it.",
+       &descriptor_counters::near_limit},
       {"sluice_envoy_shadow_mode_total", "Units over the limit of a shadow_mode descriptor, answered OK.",
        &descriptor_counters::shadow_mode},
   };
@@ -161,29 +194,35 @@ const rls_domain* rls_rules::find(std::string_view domain) const noexcept {
   return nullptr;
 }
 
-const rls_node* rls_rules::match(const rls_domain& d, std::span<const entry> entries) const {
+const rls_node* rls_rules::match(const rls_domain& d, std::span<const entry> entries,
+                                 std::vector<match_step>* steps) const {
   thread_local std::string lookup;
+  if (steps != nullptr) steps->clear();
   const rls_node* level = &d.root;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     lookup.assign(entries[i].key);
     lookup += '_';
     lookup += entries[i].value;
     const rls_node* next = nullptr;
-    if (auto it = level->children.find(lookup); it != level->children.end() && !it->first.ends_with('*')) {
-      next = it->second.get();
-    }
+    matched_by by = matched_by::value;
+    if (auto it = level->children.find(lookup); it != level->children.end()) next = it->second.get();
     if (next == nullptr) {
-      for (const auto& [prefix, node] : level->wildcards) {
-        if (lookup.starts_with(prefix)) {
+      for (const auto& [parts, node] : level->wildcards) {
+        if (wildcard_match(parts, lookup)) {
           next = node;
+          by = matched_by::wildcard;
           break;
         }
       }
     }
     if (next == nullptr) {
-      if (auto it = level->children.find(entries[i].key); it != level->children.end()) next = it->second.get();
+      if (auto it = level->children.find(entries[i].key); it != level->children.end()) {
+        next = it->second.get();
+        by = matched_by::key;
+      }
     }
     if (next == nullptr) return nullptr;
+    if (steps != nullptr) steps->push_back({next, by});
     if (i + 1 == entries.size()) return next->limits.empty() ? nullptr : next;
     if (next->children.empty()) return nullptr;
     level = next;

@@ -35,6 +35,7 @@ struct descriptor_counters {
   std::atomic<std::uint64_t> hits{0};
   std::atomic<std::uint64_t> over_limit{0};
   std::atomic<std::uint64_t> within_limit{0};
+  std::atomic<std::uint64_t> near_limit{0};
   std::atomic<std::uint64_t> shadow_mode{0};
 };
 
@@ -63,16 +64,33 @@ struct rls_limit {
 
 using name_hash = detail::string_hash;  // a request's key finds its node without a copy
 
+/// A wildcard descriptor's "key_value" split at each '*': a request's "key_value" matches when it
+/// holds the parts in order, starting with the first and ending with the last.
+using wildcard_parts = std::vector<std::string>;
+
 struct rls_node {
   std::vector<rls_limit> limits;
   bool shadow_mode = false;
+  bool quota_mode = false;
   bool detailed_metric = false;
-  std::string path;  ///< "key_value.key2", as envoyproxy/ratelimit names its stats.
+  bool share_threshold = false;
+  bool value_to_metric = false;
+  std::string value;  ///< As configured (a wildcard's pattern, for share_threshold).
+  std::string path;   ///< "key_value.key2", as envoyproxy/ratelimit names its stats.
   descriptor_counters* counters = nullptr;
-  /// "key_value" for an exact value, "key" for a key alone.
+  /// "key_value" for a value (a wildcard's too, as written), "key" for a key alone.
   std::unordered_map<std::string, std::unique_ptr<rls_node>, name_hash, std::equal_to<>> children;
-  /// "key_prefix" (the value without its '*') and the node, in config order.
-  std::vector<std::pair<std::string, rls_node*>> wildcards;
+  /// The wildcard values' parts and their nodes, in config order.
+  std::vector<std::pair<wildcard_parts, rls_node*>> wildcards;
+};
+
+/// How a request's entry found its node.
+enum class matched_by : std::uint8_t { value, wildcard, key };
+
+/// One level of a match: the node an entry found, and how.
+struct match_step {
+  const rls_node* node = nullptr;
+  matched_by by = matched_by::value;
 };
 
 struct rls_domain {
@@ -85,6 +103,9 @@ struct entry {
   std::string_view key;
   std::string_view value;
 };
+
+/// Whether `key_value` matches a wildcard's parts (each '*' any run of characters, none included).
+bool wildcard_match(const wildcard_parts& parts, std::string_view key_value) noexcept;
 
 /// Appends `s` to a rule name with '/', '=', '#' and '%' escaped, so that no key, value or domain
 /// can make two places share a name.
@@ -100,9 +121,11 @@ class rls_rules {
   const rls_domain* find(std::string_view domain) const noexcept;
 
   /// The node `entries` lead to with limits at their last entry, walking as envoyproxy/ratelimit
-  /// does: at each level the exact key_value, else the first wildcard whose prefix it starts
-  /// with, else the key alone. Null when none applies.
-  const rls_node* match(const rls_domain& d, std::span<const entry> entries) const;
+  /// does: at each level the exact key_value, else the first wildcard that matches it, else the
+  /// key alone. Null when none applies. `steps` (may be null) gets each level's node and how it
+  /// was found.
+  const rls_node* match(const rls_domain& d, std::span<const entry> entries,
+                        std::vector<match_step>* steps = nullptr) const;
 
   std::size_t domain_count() const noexcept { return domains_.size(); }
   std::size_t limit_count() const noexcept { return rules_->size(); }

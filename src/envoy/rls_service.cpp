@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <optional>
+#include <cmath>
 #include <set>
+#include <span>
 
 #include <spdlog/spdlog.h>
 
@@ -28,6 +30,78 @@ std::uint32_t as_uint32(std::int64_t v) {
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>(v, 0, UINT32_MAX));
 }
 
+// The stats path of a descriptor where the request's values name it — detailed_metric: every
+// value; value_to_metric: those the config leaves open (a key alone, a wildcard) — with a
+// share_threshold wildcard's pattern in place of the values it matched, as the reference names
+// them. Empty: the node's own path.
+std::string metric_path(const rls_node& node, std::span<const entry> entries, std::span<const match_step> steps) {
+  bool named_by_request = node.detailed_metric;
+  std::string path;
+  for (std::size_t k = 0; k < entries.size(); ++k) {
+    const match_step& step = steps[k];
+    const bool shared = step.by == matched_by::wildcard && step.node->share_threshold;
+    std::string_view value = entries[k].value;
+    bool separator = node.detailed_metric;  // detailed: "key_value", the value even when empty
+    if (shared) {
+      value = step.node->value;
+    } else if (!node.detailed_metric && step.by != matched_by::value) {
+      if (step.node->value_to_metric) {
+        named_by_request = true;
+      } else {
+        value = step.by == matched_by::wildcard ? std::string_view(step.node->value) : std::string_view();
+      }
+    }
+    if (!path.empty()) path += '.';
+    path += entries[k].key;
+    if (separator || !value.empty()) {
+      path += '_';
+      path += value;
+    }
+  }
+  return named_by_request ? path : std::string();
+}
+
+// A descriptor's units, counted once as the reference counts them: a request that takes the count
+// past the limit adds only its units past the limit to over_limit, and those past
+// near_limit_ratio of the limit to near_limit (the rest to within_limit); shadow_mode adds to
+// shadow_mode what it adds to over_limit. A refused request's units count as if added (sluice
+// does not add them); a look (hits 0) adds nothing.
+void count_units(descriptor_counters& counters, std::int64_t hits, const decision& d, bool over, bool look, bool shadow,
+                 double near_limit_ratio) {
+  const std::int64_t limit = std::max<std::int64_t>(d.limit, 0);
+  const std::int64_t left = std::clamp<std::int64_t>(d.remaining, 0, limit);
+  const std::int64_t before = d.allowed && !look ? limit - left - hits : limit - left;
+  const std::int64_t after = before + hits;
+  const auto near = static_cast<std::int64_t>(std::floor(static_cast<double>(limit) * near_limit_ratio));
+  auto add = [](std::atomic<std::uint64_t>& to, std::int64_t v) {
+    if (v > 0) to.fetch_add(static_cast<std::uint64_t>(v), std::memory_order_relaxed);
+  };
+  add(counters.hits, hits);
+  if (over && !look) {
+    const std::int64_t past = before >= limit ? hits : after - limit;
+    add(counters.over_limit, past);
+    if (before < limit) add(counters.near_limit, limit - std::max(near, before));
+    if (shadow) add(counters.shadow_mode, past);
+    return;
+  }
+  add(counters.within_limit, hits);
+  if (after > near) add(counters.near_limit, before >= near ? hits : after - near);
+}
+
+// "key_value.key2", the reference's stats key of a request's own limit.
+std::string entries_path(std::span<const entry> entries) {
+  std::string path;
+  for (const entry& e : entries) {
+    if (!path.empty()) path += '.';
+    path += e.key;
+    if (!e.value.empty()) {
+      path += '_';
+      path += e.value;
+    }
+  }
+  return path;
+}
+
 }  // namespace
 
 // A request's own limit (RateLimitDescriptor.limit), prepared over its (domain, unit)'s state.
@@ -44,9 +118,12 @@ struct rls_service::call {
     const rls_limit* limit;
     const rls_node* node;           // null for an override
     descriptor_counters* counters;  // its node's, or its domain's overrides
-    bool shadow;                    // shadow_mode, or a look (below): decided on its own, never refuses
+    bool shadow;                    // shadow_mode: over its limit, answered OK
+    bool quota;                     // quota_mode: refuses the request only with every quota descriptor
     bool look;                      // hits_addend 0: the counter looked at, nothing counted (as the reference)
-    std::size_t check;              // in `enforcing` or `shadow`
+    std::size_t check;              // in `enforcing` or `apart`
+
+    bool checked_apart() const noexcept { return shadow || quota || look; }
   };
 
   const pb::RateLimitRequest* req = nullptr;
@@ -54,12 +131,13 @@ struct rls_service::call {
   done_handler done;
   std::shared_ptr<const rls_rules> rules;  // holds the prepared rules the checks use
   std::vector<std::shared_ptr<const override_limit>> overrides;
-  std::vector<std::string> keys;    // per descriptor
-  std::vector<std::uint64_t> hits;  // per descriptor
-  std::vector<bool> unlimited;      // per descriptor: an unlimited limit applies
+  std::vector<std::string> keys;          // per descriptor
+  std::vector<std::string> metric_paths;  // per descriptor: named by the request's values (or empty)
+  std::vector<std::uint64_t> hits;        // per descriptor
+  std::vector<bool> unlimited;            // per descriptor: an unlimited limit applies
   std::vector<applied> limits;
-  std::vector<check_request> enforcing, shadow;
-  std::vector<decision> enforcing_out, shadow_out;
+  std::vector<check_request> enforcing, apart;  // apart: each on its own (shadow, quota, looks)
+  std::vector<decision> enforcing_out, apart_out;
   bool unknown_domain = false;  // no config defines the request's domain: nothing applies
   std::atomic<int> waiting{0};
   std::mutex mutex;
@@ -95,9 +173,11 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   const rls_domain* domain = c->rules ? c->rules->find(req.domain()) : nullptr;
   const int n = req.descriptors_size();
   c->keys.resize(static_cast<std::size_t>(n));
+  c->metric_paths.resize(static_cast<std::size_t>(n));
   c->hits.resize(static_cast<std::size_t>(n));
   c->unlimited.assign(static_cast<std::size_t>(n), false);
   std::vector<entry> entries;
+  std::vector<match_step> steps;
   for (int i = 0; i < n; ++i) {
     const auto& d = req.descriptors(i);
     const std::string which = "descriptor " + std::to_string(i);
@@ -105,32 +185,40 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
     if (d.entries_size() > max_entries)
       return reject(invalid(which + " has more than " + std::to_string(max_entries) + " entries"));
     entries.clear();
-    std::string& key = c->keys[static_cast<std::size_t>(i)];
     for (const auto& e : d.entries()) {
       if (e.key().empty()) return reject(invalid(which + " has an entry with an empty key"));
       entries.push_back({e.key(), e.value()});
-      // Each length-prefixed: no value can make two descriptors share a counter.
-      detail::append_counted(key, e.key());
-      detail::append_counted(key, e.value());
     }
-    if (key.size() > max_key_length) return reject(invalid(which + ": its entries are longer than 512 bytes"));
     std::uint64_t hits = req.hits_addend() == 0 ? 1 : req.hits_addend();
     if (d.has_hits_addend()) hits = d.hits_addend().value();  // 0: look, count nothing
     if (hits > max_hits)
       return reject(invalid(which + ": hits_addend must be at most 4294967295, got " + std::to_string(hits)));
     c->hits[static_cast<std::size_t>(i)] = hits;
+    const rls_node* node = domain != nullptr && !d.has_limit() ? c->rules->match(*domain, entries, &steps) : nullptr;
+    // The counter's key: each entry length-prefixed, so that no value can make two descriptors
+    // share a counter — but the values a share_threshold wildcard matches share its own.
+    std::string& key = c->keys[static_cast<std::size_t>(i)];
+    for (std::size_t k = 0; k < entries.size(); ++k) {
+      const bool shared = node != nullptr && steps[k].by == matched_by::wildcard && steps[k].node->share_threshold;
+      detail::append_counted(key, entries[k].key);
+      detail::append_counted(key, shared ? std::string_view(steps[k].node->value) : entries[k].value);
+    }
+    if (key.size() > max_key_length) return reject(invalid(which + ": its entries are longer than 512 bytes"));
     if (domain == nullptr) continue;  // an unknown domain limits nothing
     if (d.has_limit()) {
       grpc::Status s;
       auto o = override_for(req.domain(), d.limit().requests_per_unit(), d.limit().unit(), s);
       if (!o) return reject(s);
-      c->limits.push_back({i, &o->limit, nullptr, o->counters, hits == 0, hits == 0, 0});
+      c->metric_paths[static_cast<std::size_t>(i)] = entries_path(entries);
+      c->limits.push_back({i, &o->limit, nullptr, o->counters, false, options_.quota_mode, hits == 0, 0});
       c->overrides.push_back(std::move(o));
       continue;
     }
-    if (const rls_node* node = c->rules->match(*domain, entries)) {
-      for (const rls_limit& l : node->limits)
-        c->limits.push_back({i, &l, node, node->counters, node->shadow_mode || hits == 0, hits == 0, 0});
+    if (node == nullptr) continue;
+    c->metric_paths[static_cast<std::size_t>(i)] = metric_path(*node, entries, steps);
+    for (const rls_limit& l : node->limits) {
+      c->limits.push_back(
+          {i, &l, node, node->counters, node->shadow_mode, node->quota_mode || options_.quota_mode, hits == 0, 0});
     }
   }
   if (domain == nullptr) {
@@ -157,7 +245,7 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   for (const bool looks : {false, true}) {
     for (auto& a : c->limits) {
       if (a.look != looks) continue;
-      auto& checks = a.shadow ? c->shadow : c->enforcing;
+      auto& checks = a.checked_apart() ? c->apart : c->enforcing;
       const std::string& key = c->keys[static_cast<std::size_t>(a.descriptor)];
       const prepared_rule& rule = *a.limit->prepared;
       const std::int64_t cost = a.look ? std::max<std::int64_t>(rule.definition().limit.capacity(), 0) + 1
@@ -179,12 +267,13 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   }
 
   c->done = std::move(done);
-  // All or nothing: the enforcing checks in one call. Otherwise, and for shadow_mode descriptors,
-  // each on its own (check_all of one: a cost no wait admits is refused, not an error).
+  // All or nothing: the enforcing checks in one call. Otherwise, and for the checks that do not
+  // refuse the request on their own (shadow_mode, quota_mode, looks), each on its own (check_all of
+  // one: a cost no wait admits is refused, not an error).
   c->enforcing_out.resize(c->enforcing.size());
-  c->shadow_out.resize(c->shadow.size());
+  c->apart_out.resize(c->apart.size());
   const bool together = options_.all_or_nothing && !c->enforcing.empty();
-  const int calls = (together ? 1 : static_cast<int>(c->enforcing.size())) + static_cast<int>(c->shadow.size());
+  const int calls = (together ? 1 : static_cast<int>(c->enforcing.size())) + static_cast<int>(c->apart.size());
   if (calls == 0) return finish(*c);
   c->waiting.store(calls, std::memory_order_relaxed);
   auto part_done = [this](call& k) {
@@ -214,7 +303,7 @@ void rls_service::decide(const pb::RateLimitRequest& req, pb::RateLimitResponse&
   } else {
     each(c->enforcing, c->enforcing_out);
   }
-  each(c->shadow, c->shadow_out);
+  each(c->apart, c->apart_out);
 }
 
 void rls_service::finish(call& c) {
@@ -223,48 +312,40 @@ void rls_service::finish(call& c) {
     c.resp->Clear();
     return c.done(status_of(*c.failed));
   }
-  // Per descriptor, the limit it reports: a refusing one first, else the one with least left.
+  // Per descriptor, the limit it reports: one over its limit first, else the one with least left.
+  // A look is over once nothing is left (sluice never counts past a limit, so "at" is as far as a
+  // counter goes).
   struct reported {
     const call::applied* limit = nullptr;
     decision d;
-    bool refused = false;  // an enforcing limit refused
+    bool over = false;
   };
   const int n = c.req->descriptors_size();
   std::vector<reported> per(static_cast<std::size_t>(n));
   for (const auto& a : c.limits) {
-    const decision& d = (a.shadow ? c.shadow_out : c.enforcing_out)[a.check];
+    const decision& d = (a.checked_apart() ? c.apart_out : c.enforcing_out)[a.check];
     reported& r = per[static_cast<std::size_t>(a.descriptor)];
-    const bool refused = !d.allowed && !a.shadow;
-    if (r.limit == nullptr || (refused && !r.refused) || (refused == r.refused && d.remaining < r.d.remaining)) {
-      r = {&a, d, refused};
+    const bool over = a.look ? d.remaining <= 0 : !d.allowed;
+    if (r.limit == nullptr || (over && !r.over) || (over == r.over && d.remaining < r.d.remaining)) {
+      r = {&a, d, over};
       if (a.look) r.d.retry_after = nanoseconds(0);  // looked at: its window's end is its reset
     }
   }
-  // A descriptor's units count once, under its own path (as the reference's stats do): over the
-  // limit when the limit it reports refused (in shadow_mode too), else within.
+  // Under the descriptor's stats path: its node's, or the one its request's values name.
   for (int i = 0; i < n; ++i) {
     const reported& r = per[static_cast<std::size_t>(i)];
     if (r.limit == nullptr) continue;
-    const call::applied& a = *r.limit;
-    descriptor_counters* counters = a.counters;
-    if (a.node != nullptr && a.node->detailed_metric) {
-      std::string path;
-      for (const auto& e : c.req->descriptors(i).entries()) {
-        if (!path.empty()) path += '.';
-        path += e.key();
-        path += '_';
-        path += e.value();
-      }
-      counters = &counters_.detailed(c.req->domain(), path, *a.node->counters);
-    }
-    const std::uint64_t hits = c.hits[static_cast<std::size_t>(i)];
-    counters->hits.fetch_add(hits, std::memory_order_relaxed);
-    (r.d.allowed ? counters->within_limit : counters->over_limit).fetch_add(hits, std::memory_order_relaxed);
-    if (!r.d.allowed && a.shadow && !a.look) counters->shadow_mode.fetch_add(hits, std::memory_order_relaxed);
+    const std::string& path = c.metric_paths[static_cast<std::size_t>(i)];
+    descriptor_counters& counters =
+        path.empty() ? *r.limit->counters : counters_.detailed(c.req->domain(), path, *r.limit->counters);
+    count_units(counters, static_cast<std::int64_t>(c.hits[static_cast<std::size_t>(i)]), r.d, r.over, r.limit->look,
+                r.limit->shadow, options_.near_limit_ratio);
   }
 
+  // OVER_LIMIT when a descriptor over its limit refuses (not in shadow_mode, not in quota_mode), or
+  // when every quota_mode descriptor is over its limit (as the reference decides).
   pb::RateLimitResponse& resp = *c.resp;
-  bool over = false;
+  int refusing = 0, quotas = 0, quotas_over = 0;
   const pb::RateLimitResponse::DescriptorStatus* closest = nullptr;
   const rls_limit* closest_limit = nullptr;
   for (int i = 0; i < n; ++i) {
@@ -275,18 +356,23 @@ void rls_service::finish(call& c) {
       if (c.unlimited[static_cast<std::size_t>(i)]) st->set_limit_remaining(UINT32_MAX);
       continue;
     }
-    const rate_limit_config& cfg = r.limit->limit->config;
-    if (r.refused) {
-      st->set_code(pb::RateLimitResponse::OVER_LIMIT);
-      over = true;
+    const call::applied& a = *r.limit;
+    const rate_limit_config& cfg = a.limit->config;
+    const bool refused = r.over && !a.shadow;
+    if (refused) st->set_code(pb::RateLimitResponse::OVER_LIMIT);
+    if (a.quota) {
+      ++quotas;
+      quotas_over += refused ? 1 : 0;
+    } else {
+      refusing += refused ? 1 : 0;
     }
     auto* current = st->mutable_current_limit();
     current->set_name(cfg.name);
     current->set_requests_per_unit(cfg.requests_per_unit);
     current->set_unit(static_cast<pb::RateLimitResponse::RateLimit::Unit>(cfg.unit));
     // Over the limit, nothing is left (what Envoy's headers then say), whatever a smaller cost could take.
-    st->set_limit_remaining(r.refused ? 0 : as_uint32(r.d.remaining));
-    const nanoseconds reset = r.d.allowed || r.limit->look ? r.d.reset_after : r.d.retry_after;
+    st->set_limit_remaining(r.over ? 0 : as_uint32(r.d.remaining));
+    const nanoseconds reset = r.d.allowed || a.look ? r.d.reset_after : r.d.retry_after;
     if (reset > nanoseconds(0) && reset != never) {
       // Whole seconds, rounded up, as the reference sends them.
       constexpr std::int64_t ns_per_s = 1'000'000'000;
@@ -294,8 +380,13 @@ void rls_service::finish(call& c) {
     }
     if (closest == nullptr || st->limit_remaining() < closest->limit_remaining()) {
       closest = st;
-      closest_limit = r.limit->limit;
+      closest_limit = a.limit;
     }
+  }
+  bool over = refusing > 0 || (quotas > 0 && quotas_over == quotas);
+  if (over && options_.shadow_mode) {
+    over = false;  // the statuses still say which descriptors are over
+    global_shadow_.fetch_add(1, std::memory_order_relaxed);
   }
   resp.set_overall_code(over ? pb::RateLimitResponse::OVER_LIMIT : pb::RateLimitResponse::OK);
   if (options_.response_headers && closest != nullptr) {
@@ -391,6 +482,9 @@ void rls_service::append_metrics(std::string& out) const {
                      unknown_domain_.load(std::memory_order_relaxed));
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"invalid\"}", invalid_.load(std::memory_order_relaxed));
   prometheus::sample(out, "sluice_envoy_requests_total{code=\"failed\"}", failed_.load(std::memory_order_relaxed));
+  prometheus::family(out, "sluice_envoy_global_shadow_mode_total", "counter",
+                     "ShouldRateLimit calls over a limit answered OK because [envoy] shadow_mode is on.");
+  prometheus::sample(out, "sluice_envoy_global_shadow_mode_total", global_shadow_.load(std::memory_order_relaxed));
   counters_.append_metrics(out);
 }
 

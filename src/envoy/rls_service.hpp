@@ -4,7 +4,9 @@
 // applies becomes a check of its rule for the descriptor's values, and the checks are decided in
 // one backend::check_all: the request passes only if every one does, and a refused request
 // consumes nothing (all_or_nothing; false restores envoyproxy/ratelimit's way, each descriptor
-// counted on its own). Descriptors in shadow_mode are checked on their own and never refuse.
+// counted on its own). Descriptors in shadow_mode are checked on their own and never refuse; those
+// in quota_mode are checked on their own and refuse only together (every quota descriptor over);
+// a descriptor with hits_addend 0 looks at its counters and is over once nothing is left.
 // A descriptor's own `limit` (an override) replaces the config's, counted on the same values.
 //
 //   rls_service rls(backend, {.all_or_nothing = true});
@@ -85,6 +87,7 @@ class rls_service {
   std::map<std::tuple<std::string, unit, std::uint32_t>, std::shared_ptr<const override_limit>> overrides_;
   std::map<std::string, prepared_rule_ptr> deny_rules_;  // requests_per_unit 0, per domain
   std::atomic<std::uint64_t> ok_{0}, over_limit_{0}, invalid_{0}, failed_{0}, unknown_domain_{0};
+  std::atomic<std::uint64_t> global_shadow_{0};  // over a limit, answered OK by [envoy] shadow_mode
   std::mutex unknown_mutex_;
   std::set<std::string, std::less<>> unknown_domains_;  // logged; guarded by unknown_mutex_
   bool unknown_domains_full_ = false;                   // guarded by unknown_mutex_

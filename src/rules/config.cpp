@@ -650,8 +650,9 @@ result<void> read_http(const section& s, config& out) {
 }
 
 result<void> read_envoy(const section& s, std::string_view source_name, config& out) {
-  if (auto v = s.only({"config_dir", "all_or_nothing", "response_headers", "header_limit", "header_remaining",
-                       "header_reset", "max_detailed_labels"});
+  if (auto v = s.only({"config_dir", "merge_domains", "all_or_nothing", "shadow_mode", "quota_mode",
+                       "near_limit_ratio", "response_headers", "header_limit", "header_remaining", "header_reset",
+                       "max_detailed_labels"});
       !v) {
     return v.error();
   }
@@ -667,12 +668,17 @@ result<void> read_envoy(const section& s, std::string_view source_name, config& 
   e.config_dir = p.is_absolute() || source_name.empty()
                      ? p.string()
                      : (std::filesystem::path(source_name).parent_path() / p).lexically_normal().string();
-  auto together = s.boolean("all_or_nothing", true);
-  if (!together) return together.error();
-  o.all_or_nothing = *together;
-  auto headers = s.boolean("response_headers", false);
-  if (!headers) return headers.error();
-  o.response_headers = *headers;
+  for (auto [key, field, fallback] :
+       {std::tuple{"merge_domains", &e.merge_domains, false}, std::tuple{"all_or_nothing", &o.all_or_nothing, true},
+        std::tuple{"shadow_mode", &o.shadow_mode, false}, std::tuple{"quota_mode", &o.quota_mode, false},
+        std::tuple{"response_headers", &o.response_headers, false}}) {
+    auto v = s.boolean(key, fallback);
+    if (!v) return v.error();
+    *field = *v;
+  }
+  auto ratio = s.has("near_limit_ratio") ? s.positive_number("near_limit_ratio", 1.0) : result<double>(0.8);
+  if (!ratio) return ratio.error();
+  o.near_limit_ratio = *ratio;
   for (auto [key, field] :
        {std::pair{"header_limit", &o.header_limit}, std::pair{"header_remaining", &o.header_remaining},
         std::pair{"header_reset", &o.header_reset}}) {

@@ -38,13 +38,17 @@ dir_signature signature_of(const std::string& dir) {
 
 class envoy_source_impl final : public envoy_source {
  public:
-  envoy_source_impl(const envoy_settings& e, backend& b) : dir_(e.config_dir), backend_(b), service_(b, e.options) {}
+  envoy_source_impl(const envoy_settings& e, backend& b)
+      : dir_(e.config_dir), merge_(e.merge_domains), backend_(b), service_(b, e.options) {}
 
   result<void> load() {
     applied_ = signature_of(dir_);
     pending_ = applied_;
-    auto domains = envoy::load_domains(dir_);
+    auto domains = envoy::load_domains(dir_, merge_);
     if (!domains) return domains.error();
+    for (const auto& d : *domains) {
+      for (const std::string& what : d.ignored) spdlog::warn("event=envoy_config_ignored what={}", log_value(what));
+    }
     auto rules = envoy::rls_rules::build(std::move(*domains), backend_, service_.rules().get(), service_.counters());
     if (!rules) return rules.error();
     const auto& r = **rules;
@@ -112,6 +116,7 @@ class envoy_source_impl final : public envoy_source {
 
  private:
   std::string dir_;
+  bool merge_ = false;
   backend& backend_;
   envoy::rls_service service_;
   std::unique_ptr<envoy::rls_server> server_;

@@ -18,6 +18,15 @@ struct rls_options {
   /// each descriptor on its own, as envoyproxy/ratelimit does, except that a descriptor over its
   /// limit adds nothing to its own counter (the reference's does, past the limit). Default: true.
   bool all_or_nothing = true;
+  /// Every descriptor in shadow mode: an OVER_LIMIT request is answered OK (its descriptors'
+  /// statuses still say OVER_LIMIT), as the reference's SHADOW_MODE. Default: false.
+  bool shadow_mode = false;
+  /// Every descriptor in quota mode: a request is refused only when all its limited descriptors
+  /// are over their limits, as the reference's QUOTA_MODE. Default: false.
+  bool quota_mode = false;
+  /// The share of a limit past which units count as near_limit in /metrics, as the reference's
+  /// NEAR_LIMIT_RATIO. Default: 0.8.
+  double near_limit_ratio = 0.8;
   /// Add header_limit, header_remaining and header_reset to Envoy's response, from the descriptor
   /// closest to its limit. Default: false.
   bool response_headers = false;

@@ -128,9 +128,12 @@ struct envoy_settings {
   /// The directory of *.yaml/*.yml files, one domain each (`config_dir`, required); relative to
   /// the config file's directory.
   std::string config_dir;
+  /// Files of one domain merge their descriptors (`merge_domains`, the reference's
+  /// MERGE_DOMAIN_CONFIG); otherwise a domain in two files is an error. Default: false.
+  bool merge_domains = false;
   /// Every option of the Envoy API, read under the names of its fields: `all_or_nothing`,
-  /// `response_headers`, `header_limit`, `header_remaining`, `header_reset`,
-  /// `max_detailed_labels` (sluice/envoy/options.hpp).
+  /// `shadow_mode`, `quota_mode`, `near_limit_ratio`, `response_headers`, `header_limit`,
+  /// `header_remaining`, `header_reset`, `max_detailed_labels` (sluice/envoy/options.hpp).
   envoy::rls_options options;
   bool operator==(const envoy_settings&) const = default;
 };

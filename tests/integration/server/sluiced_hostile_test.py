@@ -297,7 +297,7 @@ class RefusedConfigFiles(HostileTest):
                  "deep.yaml:2: collections nest deeper than 64 levels"),
                 ("self.yaml", "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      name: x\n"
                  "      replaces: [{name: x}]\n      unit: second\n      requests_per_unit: 1\n",
-                 "self.yaml:5: rate_limit 'x' replaces itself"),
+                 "self.yaml:6: rate_limit 'x' replaces itself"),
             )
             for name, text, message in cases:
                 path = os.path.join(envoy, name)

@@ -120,9 +120,18 @@ TEST(EnvoyDomainConfig, ErrorsNameTheFileAndLine) {
       {"domain: a\ndescriptors:\n  - value: v\n", "f.yaml:3: a descriptor needs a key"},
       {"descriptors: []\n", "needs a domain"},
       {"domain: ''\n", "domain must not be empty"},
+      // What the reference refuses too.
       {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: "
-       "x}]}\n",
-       "needs a name"},
+       "}]}\n",
+       "f.yaml:4: a replaces entry needs a name"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {name: me, unit: second, requests_per_unit: 1, "
+       "replaces: [{name: me}]}\n",
+       "rate_limit 'me' replaces itself"},
+      {"domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, unit: day, requests_per_unit: 5}\n",
+       "f.yaml:4: an unlimited rate_limit has no unit"},
+      {"domain: a\ndescriptors:\n  - key: k\n    value: exact\n    share_threshold: true\n",
+       "f.yaml:5: share_threshold is for a value with a wildcard"},
+      {"domain: a\ndescriptors:\n  - key: k\n    metadata: [1, 2]\n", "f.yaml:4: metadata must be a mapping"},
       {"domain: a\ndescriptors: [\n", "f.yaml:"},
       {"- just\n- a list\n", "the file must be a mapping"},
   };
@@ -276,6 +285,78 @@ TEST(EnvoyDomainConfig, ADirectoryHoldsOneDomainPerFile) {
   EXPECT_NE(twice.error().message.find("domain 'a' is also defined by"), std::string::npos) << twice.error().message;
   std::filesystem::remove_all(dir);
   EXPECT_FALSE(load_domains(dir).ok());
+}
+
+// What envoyproxy/ratelimit's files may hold beyond sluice's own use of the format: descriptors
+// empty or null, a limit that replaces others without a name of its own, unlimited with a count,
+// quota_mode, share_threshold, value_to_metric, and metadata (read, left unused, reported).
+TEST(EnvoyDomainConfig, ReadsEverythingTheReferenceReads) {
+  for (const char* empty : {"domain: a\n", "domain: a\ndescriptors:\n", "domain: a\ndescriptors: []\n",
+                            "---\ndomain: a\ndescriptors:\n  - key: k\n    descriptors:\n"}) {
+    auto d = parse_domain(empty, "f.yaml");
+    ASSERT_TRUE(d.ok()) << empty << d.error().message;
+    EXPECT_EQ(d->domain, "a");
+  }
+  auto d = parse_domain(R"(
+domain: shop
+descriptors:
+  - key: cart
+    value: checkout
+    rate_limit:
+      replaces: [{name: per_user}, {name: not_in_this_file}]
+      unit: minute
+      requests_per_unit: 4
+  - key: user
+    rate_limit: {name: per_user, unit: minute, requests_per_unit: 2}
+  - key: bulk
+    rate_limit: {unlimited: true, requests_per_unit: 9}
+  - key: plan
+    value: gold
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+    metadata:
+      owner: {team: billing}
+  - key: file
+    value: "img/*.png"
+    share_threshold: true
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+)",
+                        "shop.yaml");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  const auto& ds = d->descriptors;
+  ASSERT_EQ(ds.size(), 5u);
+  EXPECT_EQ(ds[0].limits[0].name, "");
+  EXPECT_EQ(ds[0].limits[0].replaces, (std::vector<std::string>{"per_user", "not_in_this_file"}));
+  EXPECT_TRUE(ds[2].limits[0].unlimited);
+  EXPECT_TRUE(ds[3].quota_mode);
+  EXPECT_TRUE(ds[4].share_threshold);
+  EXPECT_TRUE(ds[4].value_to_metric);
+  EXPECT_FALSE(ds[3].share_threshold);
+  ASSERT_EQ(d->ignored.size(), 1u);
+  EXPECT_NE(d->ignored[0].find("shop.yaml:19: metadata"), std::string::npos) << d->ignored[0];
+}
+
+// With merge, the files of one domain add up (the reference's MERGE_DOMAIN_CONFIG); a descriptor
+// both define is an error, naming the file that had it first.
+TEST(EnvoyDomainConfig, FilesOfOneDomainMergeWhenAsked) {
+  const auto dir = std::filesystem::temp_directory_path() / ("sluice-envoy-merge-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const char* name, const char* text) { std::ofstream(dir / name) << text; };
+  write("1.yaml", "domain: a\ndescriptors:\n  - {key: k1, rate_limit: {unit: second, requests_per_unit: 1}}\n");
+  write("2.yaml", "domain: a\ndescriptors:\n  - {key: k2, rate_limit: {unit: second, requests_per_unit: 2}}\n");
+  EXPECT_FALSE(load_domains(dir).ok()) << "without merge, a domain is one file's";
+  auto merged = load_domains(dir, true);
+  ASSERT_TRUE(merged.ok()) << merged.error().message;
+  ASSERT_EQ(merged->size(), 1u);
+  ASSERT_EQ((*merged)[0].descriptors.size(), 2u);
+  EXPECT_EQ((*merged)[0].descriptors[1].key, "k2");
+  write("3.yaml", "domain: a\ndescriptors:\n  - {key: k1, rate_limit: {unit: second, requests_per_unit: 3}}\n");
+  auto twice = load_domains(dir, true);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.error().message.find("3.yaml:3: descriptor 'k1' of domain 'a' is also defined by"), std::string::npos)
+      << twice.error().message;
+  std::filesystem::remove_all(dir);
 }
 
 // The example shipped with sluiced loads and prepares.

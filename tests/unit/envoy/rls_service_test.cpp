@@ -168,7 +168,8 @@ TEST_F(EnvoyService, IncrementEverythingAsTheReferenceDoes) {
 }
 
 // A descriptor's hits_addend of 0 looks at its counter and counts nothing (Envoy checks first and
-// counts at the end of a stream).
+// counts at the end of a stream, as in check-then-pay token quotas); once nothing is left, the look
+// is OVER_LIMIT, so that such a setup limits.
 TEST_F(EnvoyService, HitsAddendZeroLooksWithoutCounting) {
   ask(rls_request({{{"remote_address", "a"}}}));
   auto look = rls_request({{{"remote_address", "a"}}, {{"remote_address", "b"}}});
@@ -179,10 +180,14 @@ TEST_F(EnvoyService, HitsAddendZeroLooksWithoutCounting) {
   EXPECT_GT(r.statuses(0).duration_until_reset().seconds(), 0);
   EXPECT_EQ(r.statuses(1).limit_remaining(), 1u);
   EXPECT_EQ(ask(rls_request({{{"remote_address", "a"}}})).statuses(0).limit_remaining(), 0u);
-  // A look at a spent counter says so, and still refuses nothing.
+  // A look at a spent counter refuses, and still counts nothing (b keeps its unit).
   auto spent = ask(look);
-  EXPECT_EQ(spent.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(spent.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(spent.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT);
   EXPECT_EQ(spent.statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(spent.statuses(1).code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(ask(rls_request({{{"remote_address", "b"}}})).statuses(0).limit_remaining(), 0u)
+      << "b's unit was still there";
 }
 
 TEST_F(EnvoyService, TwoDescriptorsOfOneCounterAskForTheirSum) {
@@ -393,6 +398,169 @@ TEST_F(EnvoyService, ADescriptorWithoutEntriesIsOkWithNoLimit) {
   only_empty.set_domain("edge");
   only_empty.add_descriptors();
   EXPECT_EQ(ask(only_empty).overall_code(), pb::RateLimitResponse::OK);
+}
+
+// The metrics line of one counter family for one descriptor, or "" when absent.
+std::string metric_line(const rls_service& s, const std::string& family, const std::string& descriptor) {
+  std::string metrics;
+  s.append_metrics(metrics);
+  const std::string head = family + "{domain=\"edge\",descriptor=\"" + descriptor + "\"} ";
+  const auto at = metrics.find(head);
+  if (at == std::string::npos) return "";
+  return metrics.substr(at + head.size(), metrics.find('\n', at) - at - head.size());
+}
+
+// As the reference counts them: of a request that crosses the limit only the units past it are
+// over_limit, and the units past near_limit_ratio (0.8) of the limit and within it near_limit.
+TEST_F(EnvoyService, OverAndNearLimitCountOnlyTheUnitsPastTheirThresholds) {
+  load(R"(
+domain: edge
+descriptors:
+  - key: ten
+    rate_limit: {unit: hour, requests_per_unit: 10}
+)");
+  const auto req = [](std::uint32_t hits) { return rls_request({{{"ten", "x"}}}, hits); };
+  EXPECT_EQ(ask(req(7)).overall_code(), pb::RateLimitResponse::OK);  // 0 -> 7: under 8, not near
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_near_limit_total", "ten"), "0");
+  EXPECT_EQ(ask(req(2)).overall_code(), pb::RateLimitResponse::OK);  // 7 -> 9: 1 unit past 8
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_near_limit_total", "ten"), "1");
+  EXPECT_EQ(ask(req(4)).overall_code(), pb::RateLimitResponse::OVER_LIMIT);  // 9 -> 13: 3 past 10, 1 near
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_over_limit_total", "ten"), "3");
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_near_limit_total", "ten"), "2");
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_within_limit_total", "ten"), "9");
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_hits_total", "ten"), "13");
+  EXPECT_EQ(ask(req(1)).overall_code(), pb::RateLimitResponse::OK) << "the refused 4 took nothing";
+  EXPECT_EQ(ask(req(1)).overall_code(), pb::RateLimitResponse::OVER_LIMIT);  // at 10 already: all of it over
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_over_limit_total", "ten"), "4");
+}
+
+TEST_F(EnvoyService, TheNearLimitRatioIsASetting) {
+  rls_service half(*backend_, {.near_limit_ratio = 0.5});
+  load(R"(
+domain: edge
+descriptors:
+  - key: ten
+    rate_limit: {unit: hour, requests_per_unit: 10}
+)",
+       &half);
+  ask(rls_request({{{"ten", "x"}}}, 7), &half);
+  EXPECT_EQ(metric_line(half, "sluice_envoy_near_limit_total", "ten"), "2");
+}
+
+// quota_mode descriptors refuse a request only when all of them are over their limits; each still
+// says OVER_LIMIT in its status.
+TEST_F(EnvoyService, QuotaModeRefusesOnlyWhenEveryQuotaIsSpent) {
+  load(R"(
+domain: edge
+descriptors:
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: strict
+    rate_limit: {unit: hour, requests_per_unit: 5}
+)");
+  const auto req = rls_request({{{"quota_a", "x"}}, {{"quota_b", "x"}}, {{"strict", "x"}}});
+  EXPECT_EQ(ask(req).overall_code(), pb::RateLimitResponse::OK);
+  auto one_spent = ask(req);
+  EXPECT_EQ(one_spent.overall_code(), pb::RateLimitResponse::OK) << "quota_b still had a unit";
+  EXPECT_EQ(one_spent.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(one_spent.statuses(1).code(), pb::RateLimitResponse::OK);
+  auto both_spent = ask(req);
+  EXPECT_EQ(both_spent.overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(both_spent.statuses(2).code(), pb::RateLimitResponse::OK);
+  // Every descriptor in quota mode ([envoy] quota_mode): strict alone no longer refuses.
+  rls_service quota(*backend_, {.quota_mode = true});
+  load(R"(
+domain: edge
+descriptors:
+  - key: strict
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: loose
+    rate_limit: {unit: hour, requests_per_unit: 9}
+)",
+       &quota);
+  const auto pair = rls_request({{{"strict", "y"}}, {{"loose", "y"}}});
+  ask(pair, &quota);
+  EXPECT_EQ(ask(pair, &quota).overall_code(), pb::RateLimitResponse::OK);
+}
+
+// [envoy] shadow_mode answers OK where the request would be refused, and counts it.
+TEST_F(EnvoyService, GlobalShadowModeAnswersOk) {
+  rls_service shadow(*backend_, {.shadow_mode = true});
+  load(config_yaml, &shadow);
+  const auto req = rls_request({{{"database", "users"}}}, 3);
+  ask(req, &shadow);
+  auto r = ask(req, &shadow);
+  EXPECT_EQ(r.overall_code(), pb::RateLimitResponse::OK);
+  EXPECT_EQ(r.statuses(0).code(), pb::RateLimitResponse::OVER_LIMIT) << "the descriptor still says so";
+  std::string metrics;
+  shadow.append_metrics(metrics);
+  EXPECT_NE(metrics.find("sluice_envoy_global_shadow_mode_total 1"), std::string::npos) << metrics;
+}
+
+// A '*' anywhere in a value matches any run of characters, none included, as the reference's.
+TEST_F(EnvoyService, WildcardsMatchAnywhereInAValue) {
+  load(R"(
+domain: edge
+descriptors:
+  - key: route
+    value: "svc*rpc*v2"
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: tail
+    value: "ab*b"
+    rate_limit: {unit: hour, requests_per_unit: 1}
+)");
+  for (const char* v : {"svcrpcv2", "svc.users.rpc.get.v2", "svc-rpc-rpc-v2"}) {
+    EXPECT_TRUE(ask(rls_request({{{"route", v}}})).statuses(0).has_current_limit()) << v;
+  }
+  for (const char* v : {"svc.v2.rpc", "xsvcrpcv2", "svcrpcv2x", "svc"}) {
+    EXPECT_FALSE(ask(rls_request({{{"route", v}}})).statuses(0).has_current_limit()) << v;
+  }
+  EXPECT_TRUE(ask(rls_request({{{"tail", "abb"}}})).statuses(0).has_current_limit());
+  EXPECT_FALSE(ask(rls_request({{{"tail", "ab"}}})).statuses(0).has_current_limit()) << "'ab' and 'b' overlap";
+  EXPECT_TRUE(wildcard_match({"a", "", "c"}, "a_c"));
+  EXPECT_FALSE(wildcard_match({"abc"}, "abcd"));
+}
+
+// share_threshold: every value a wildcard matches counts on one counter; without it each value has
+// its own. value_to_metric names the stats by the request's value.
+TEST_F(EnvoyService, ShareThresholdValuesShareOneCounter) {
+  load(R"(
+domain: edge
+descriptors:
+  - key: shared
+    value: "files/*"
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: apart
+    value: "files/*"
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: named
+    value_to_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+)");
+  EXPECT_EQ(ask(rls_request({{{"shared", "files/a"}}})).statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(ask(rls_request({{{"shared", "files/b"}}})).statuses(0).limit_remaining(), 0u);
+  EXPECT_EQ(ask(rls_request({{{"shared", "files/c"}}})).overall_code(), pb::RateLimitResponse::OVER_LIMIT);
+  EXPECT_EQ(ask(rls_request({{{"apart", "files/a"}}})).statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(ask(rls_request({{{"apart", "files/b"}}})).statuses(0).limit_remaining(), 1u);
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_hits_total", "shared_files/*"), "3");
+  ask(rls_request({{{"named", "alice"}}}));
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_hits_total", "named_alice"), "1");
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_hits_total", "named"), "0") << "counted under the value instead";
+}
+
+// A request's own limit counts under its entries, as the reference keys its stats.
+TEST_F(EnvoyService, ARequestsOwnLimitIsCountedUnderItsEntries) {
+  auto req = rls_request({{{"anything", "x"}, {"more", ""}}});
+  auto* limit = req.mutable_descriptors(0)->mutable_limit();
+  limit->set_requests_per_unit(2);
+  limit->set_unit(::envoy::extensions::common::ratelimit::v3::MINUTE);
+  ask(req);
+  EXPECT_EQ(metric_line(service_, "sluice_envoy_hits_total", "anything_x.more"), "1");
 }
 
 }  // namespace

@@ -409,6 +409,10 @@ grpc_listen = "127.0.0.1:8081"
 [envoy]
 config_dir = "envoy"
 all_or_nothing = false
+shadow_mode = true
+quota_mode = true
+near_limit_ratio = 0.9
+merge_domains = true
 response_headers = true
 header_reset = "X-Reset"
 max_detailed_labels = 7
@@ -420,6 +424,10 @@ max_detailed_labels = 7
   EXPECT_TRUE(c->envoy.enabled);
   EXPECT_EQ(c->envoy.config_dir, "/etc/sluice/envoy");
   EXPECT_FALSE(c->envoy.options.all_or_nothing);
+  EXPECT_TRUE(c->envoy.options.shadow_mode);
+  EXPECT_TRUE(c->envoy.options.quota_mode);
+  EXPECT_DOUBLE_EQ(c->envoy.options.near_limit_ratio, 0.9);
+  EXPECT_TRUE(c->envoy.merge_domains);
   EXPECT_TRUE(c->envoy.options.response_headers);
   EXPECT_EQ(c->envoy.options.header_reset, "X-Reset");
   EXPECT_EQ(c->envoy.options.header_limit, "RateLimit-Limit");
@@ -433,6 +441,10 @@ max_detailed_labels = 7
       {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nheader_limit = \"a b\"\n",
        "header_limit must be a header name"},
       {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nmystery = 1\n", "unknown key 'mystery'"},
+      {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nnear_limit_ratio = 1.5\n",
+       "near_limit_ratio must be a number > 0 and <= 1"},
+      {"[server]\ngrpc_listen = \"127.0.0.1:1\"\n[envoy]\nconfig_dir = \"e\"\nquota_mode = \"yes\"\n",
+       "quota_mode must be a boolean"},
   };
   for (const auto& [text, message] : bad) {
     auto e = parse_config(text, "t.toml");
