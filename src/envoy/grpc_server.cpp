@@ -600,7 +600,7 @@ void grpc_connection::answer(std::int32_t id, grpc_code code, std::string_view d
   if (closing || dropped) return;
   grpc_stream* s = find(id);
   if (s == nullptr || s->answered) return;
-  if (now_ns() > s->deadline_ns) {
+  if (now_ns() >= s->deadline_ns) {  // on the coarse clock (4 ms): a timeout of 0 is over at once
     code = grpc_code::deadline_exceeded;
     detail = "deadline exceeded";
   }

@@ -341,6 +341,27 @@ class GrpcHostileTest(unittest.TestCase):
 
     # --- connections ---------------------------------------------------------------------------
 
+    def test_a_call_past_its_grpc_timeout_gets_no_answer_message(self):
+        self.start()
+        p = self.peer()
+
+        def call(stream, timeout):
+            p.send(frame(HEADERS, END_HEADERS, stream, request_block() + literal("grpc-timeout", timeout)) +
+                   frame(DATA, END_STREAM, stream, grpc_message(rate_limit_request("timed"))))
+            got_message = False
+            while True:
+                kind, flags, sid, payload = p.next_frame()
+                if sid != stream:
+                    continue
+                if kind == DATA and payload:
+                    got_message = True
+                if kind == HEADERS and flags & END_STREAM:  # the trailers (grpc-status)
+                    return got_message
+
+        # A timeout of 0 is over before the answer is written: DEADLINE_EXCEEDED, trailers only.
+        self.assertFalse(call(1, "0n"))
+        self.assertTrue(call(3, "10S"))
+
     def test_idle_connections_are_closed(self):
         self.start(grpc_idle_timeout_ms=500)
         p = self.peer()
