@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The commands a user runs. Each one installs what is missing (scripts/deps) and builds first.
 JOBS ?= $(shell nproc)
 BUILD := cmake --build

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Microbenchmarks of the in-process core. `make bench` runs them; the README quotes them.
 #include <benchmark/benchmark.h>
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the bench/*/run.sh harnesses that start servers: a work directory, the PIDs of the
 # processes started (ended at exit, those only), a free loopback port, waits for HTTP and Redis, and
 # a redis-server of the harness's own.

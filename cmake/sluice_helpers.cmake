@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # sluice_add_test(NAME SOURCES a.cpp ... [LIBS ...] [LABELS ...])
 # Adds a GoogleTest executable and registers it with CTest. In the TSan build
 # (SLUICE_CONCURRENCY_TESTS_ONLY) only tests labelled 'concurrency' are built.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: POST /v1/check bodies through the request parser and the reply renderer.
 // Any input must give either a parsed batch or an api_error: no crash, no UB, bounded memory.
 #include <cstddef>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: arbitrary bytes through the TOML config loader. Any input must give a config
 // whose rules all validate, or an error whose message starts with the source name.
 #include <cstddef>

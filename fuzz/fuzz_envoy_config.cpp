@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: envoyproxy/ratelimit YAML files (with sluice's extensions) through the Envoy
 // API's domain loader. Any file must give a domain or an error that names the file: no crash, no
 // UB, bounded time and memory (aliases included: yaml-cpp shares an aliased node, the loader walks

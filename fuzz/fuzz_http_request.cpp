@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: raw bytes off a connection through Beast's request parser, set up and fed the
 // way sluiced's sessions do (request_limits.hpp: bounded buffer, header, body and chunk-framing
 // limits), request after request as on a kept-alive connection. Any input must end in parsed

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: what a broken or hostile Redis could answer a script call, read by hiredis's
 // reader as the backend's connections read it (arrays bounded), then by every parser of script
 // replies (command.hpp). Any reply must give a decision or an errc::backend_protocol error: no

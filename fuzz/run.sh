@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds sluiced's libFuzzer targets with clang (-fsanitize=fuzzer,address,undefined) and runs each
 # briefly on its seed corpus. Independent of the CMake build.
 #

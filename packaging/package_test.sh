@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the sluiced .deb from a configured, built tree and checks it: contents (dpkg-deb -c),
 # control fields and conffiles, that the packaged binary runs and accepts the packaged config, and
 # that the unit file passes `systemd-analyze verify` where systemd-analyze is available.
@@ -35,6 +36,13 @@ dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/sluice/slui
 root="$work/root"
 dpkg-deb -x "$deb" "$root"
 "$root/usr/bin/sluiced" --version | grep -q '^sluiced ' || fail "packaged sluiced --version"
+# The licence, machine-readable (DEP-5), with those of the header-only libraries compiled in.
+copyright="$root/usr/share/doc/sluiced/copyright"
+head -n 1 "$copyright" | grep -q '^Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
+  fail "no machine-readable copyright"
+for licence in Apache-2.0 BSL-1.0 Expat BSD-3-clause; do
+  grep -q "^License: $licence\$" "$copyright" || fail "copyright lacks $licence"
+done
 "$root/usr/bin/sluiced" --check-config --config "$root/etc/sluice/sluice.toml" || fail "packaged config invalid"
 
 if command -v systemd-analyze >/dev/null 2>&1; then

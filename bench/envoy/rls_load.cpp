@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // rls_load — a load client of envoy.service.ratelimit.v3 ShouldRateLimit: gRPC over HTTP/2.
 //
 // Keeps --in-flight calls outstanding (split over --threads, each with a connection of its own)

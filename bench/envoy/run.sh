@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Envoy's rate-limit API (gRPC) beside sluiced's own HTTP API, same process, same run.
 #
 # One sluiced per backend (memory; Redis when redis-server is installed) serves both APIs with the

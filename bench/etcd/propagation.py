@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Time from a put in etcd to the new limit being in force on every sluiced watching it.
 
 Puts `rules/bench` with a new burst through etcd's JSON gateway, then polls GET /v1/rules on each

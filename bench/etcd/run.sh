@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Rules from etcd: how fast a change reaches two sluiced, and what 1,000 overrides cost a check.
 #
 #   1. etcd (a throwaway member on free 127.0.0.1 ports) and two sluiced watching its prefix: the

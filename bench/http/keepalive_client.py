@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One keep-alive connection sending N requests of GET /public, one at a time, as if from 20,000
 client addresses behind a trusted proxy (as public_xff.lua does); each response is read whole
 before the next request. For bench/http/run.sh's instruction counts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The middleware's own cost per request, without HTTP: route lookup, key derivation (client IP
 // from X-Forwarded-For behind a trusted proxy), the memory backend's check and the header fields.
 // bench/http/run.sh measures the same path end to end over HTTP with wrk.

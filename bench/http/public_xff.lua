@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- wrk script: GET /public as if from many clients behind one trusted proxy (127.0.0.1), so the
 -- per-IP limit admits (nearly) everything and the benchmark measures the admitted path:
 -- 20,000 client addresses, each seen a few times a second at most (its limit: r=5/s, b=60).

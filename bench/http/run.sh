@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/http/run.sh — the HTTP middleware's cost: wrk against notes_beast's rate-limited GET /public
 # with the middleware on (memory backend) and switched off (--no-limit), in one run, alternating.
 #

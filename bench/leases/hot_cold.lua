@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- wrk script for bench/leases/run.sh: POST /v1/check, 90% on 1,000 hot keys (rule RULE_hot), 10% on
 -- 100,000 cold keys (rule RULE_cold). Run with as many threads as connections (-tN -cN): each thread
 -- then has one request in flight, so a response belongs to the thread's last request. Admissions

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Leases vs exact checks vs the memory backend, same run, same load: two sluiced (on one
 # redis-server for exact and lease mode), each loaded by its own wrk (CONNECTIONS connections, one
 # per wrk thread), 90% of checks on 1,000 hot keys and 10% on 100,000 cold ones. Every key's rule:

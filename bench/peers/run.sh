@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make bench-peers: the core benchmarks next to Go's golang.org/x/time/rate, in one run, on this
 # machine. Needs Debian's golang-go and golang-golang-x-time-dev (installed here when missing).
 set -euo pipefail

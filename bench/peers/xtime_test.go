@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The same cases as bench/core_benchmark.cpp, on Go's golang.org/x/time/rate, for `make bench-peers`.
 package peers
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Redis Cluster backend beside the single-Redis one, in one run, on servers of its own.
 #
 #   bench/redis/cluster.sh [path/to/redis_benchmark]      (default: build/bench/redis_benchmark)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Throughput, latency and Redis cost of each Redis-backend script.
 //
 //   redis_benchmark --address 127.0.0.1:6379 [--inflight 64] [--keys 100000] [--checks 300000]

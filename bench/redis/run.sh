@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Benchmarks the Redis backend against its ceiling, on a redis-server of its own.
 #
 #   bench/redis/run.sh [path/to/redis_benchmark]      (default: build/bench/redis_benchmark)

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- wrk script: POST /v1/check for ids spread uniformly over 100,000 keys. The rule comes from the
 -- RULE environment variable (default "bench").
 local keys = 100000

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- wrk script: GET a small static file with X-User-Id spread uniformly over 100,000 ids, the key of
 -- nginx's limit_req zone.
 local keys = 100000

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # sluiced on one redis-server reached three ways, in turn, in the same run: plaintext, TLS, and
 # through Redis Sentinel (one sentinel watching that server as its master).
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # sluiced vs nginx limit_req, same machine, same run, same load generator.
 #
 # wrk (64 connections, ids spread over 100,000 keys) against:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // notes_beast — a small notes API on Boost.Beast, rate limited by sluice's middleware.
 //
 //   POST /login          {"tenant": "acme", "user": "alice"} -> {"token": "..."}   limited per client IP

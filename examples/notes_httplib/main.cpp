@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // notes_httplib — the notes example reduced to its limits, on cpp-httplib.
 //
 //   GET  /notes     per user (X-User: <id>, standing in for real authentication): r=5/s, b=60

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/asio.hpp — checks in Boost.Asio's completion-token style, for every backend.
 //
 // `sluice::async_check(backend, request, token)` starts `backend.async_check` and completes with

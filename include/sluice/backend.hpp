@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/backend.hpp — the one interface every place that keeps limiter state implements.
 //
 // The in-process backend (memory_backend.hpp), the Redis backend and the Redis Cluster backend all

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/clock.hpp — where limiters get `now` from.
 //
 // Every algorithm takes `now` as a parameter; a clock is only what convenience overloads and waits

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/decision.hpp — the one answer every limiter and backend gives.
 //
 // A decision carries everything the HTTP headers and the JSON API need: whether the request is

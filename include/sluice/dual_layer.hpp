@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/dual_layer.hpp — one tenant limit and one user limit checked together, all or nothing.
 //
 // A check is admitted only when both layers admit, and then both record it; a refusal records in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/duration.hpp — durations as configuration files spell them: "250ms", "60s", "5m", "1h", "1d".
 //
 //   sluice::result<sluice::nanoseconds> w = sluice::parse_duration("30s");

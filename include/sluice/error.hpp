@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/error.hpp — the project's one error style: status results.
 //
 // No function of sluice throws on a bad input or a failed backend. Operations that can fail return

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/gcra.hpp — the token bucket as a pure function (GCRA, x/time/rate semantics).
 //
 // The whole bucket is one integer: the theoretical arrival time (TAT), the time at which the bucket

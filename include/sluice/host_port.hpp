@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/host_port.hpp — "host:port" addresses, parsed in one place (sluiced's listen address, Redis
 // addresses, and next etcd endpoints).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/keyed.hpp — one limiter per key (user id, tenant, API key, IP) with bounded memory.
 //
 //   auto users = sluice::keyed_limiter::create({.policy = sluice::token_bucket_policy(sluice::per_second(5), 60),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/limiter_state.hpp — any algorithm's state behind one type, chosen at run time by a policy.
 //
 // Rules come from configuration, so the memory backend and the dual-layer check hold states whose

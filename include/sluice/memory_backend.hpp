@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/memory_backend.hpp — the in-process backend: one limiter per (rule, key), nothing to start.
 //
 // Keys live in a sharded map per rule with a hard cap on their number (see keyed.hpp for the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/policy.hpp — what a limit is, independent of where it is enforced.
 //
 // A `policy` names an algorithm and its parameters; a `rule` gives a policy a name and, for dual-layer

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/prometheus.hpp — the Prometheus text exposition format, the one writer every part of sluice
 // that exports metrics uses (sluiced's counters, each backend's, the middleware's).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/redis_backend.hpp — limits shared by every instance through one Redis server.
 //
 // Each algorithm is one Lua script run atomically by Redis (EVALSHA, reloaded transparently after

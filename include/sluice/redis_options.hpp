@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/redis_options.hpp — the options of the Redis backend, apart from the backend itself.
 //
 // Standard library only (no Boost, no hiredis), so a configuration can hold them without depending

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/rule_set.hpp — every rule of a configuration, prepared on one backend, swapped as a whole.
 //
 // A rule_set is an immutable snapshot: the prepared form of each rule (backend::prepare), where the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/saturating.hpp — 64-bit integer arithmetic that clamps instead of overflowing.
 //
 // Limiter state is integer nanoseconds; times near the ends of the range (a clock far from its

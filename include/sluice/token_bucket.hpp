@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/token_bucket.hpp — a lock-free token bucket with the semantics of Go's x/time/rate.
 //
 // A bucket of `burst` tokens refilled at `rate` per second; it starts full; a check of `cost`

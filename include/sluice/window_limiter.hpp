@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/window_limiter.hpp — thread-safe window limiters: sliding window log, sliding window
 // counter and fixed window, each one limit of N per window W.
 //

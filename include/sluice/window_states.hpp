@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/window_states.hpp — the window algorithms as pure state machines.
 //
 // Each state has the same three members as gcra_state, so the single limiters, the keyed tables and

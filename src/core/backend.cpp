@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend interface's shared parts: the one validation of every request, and the default
 // prepare().
 #include "sluice/backend.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Keys built from parts that come from outside — a tenant and a user, an Envoy descriptor's
 // entries — and bytes escaped for a key or a header: one way to make each, so that no two inputs
 // share a key.

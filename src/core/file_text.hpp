@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/core/file_text.hpp (private) — a file given on a command line or in a config, read whole and
 // bounded: every config, pattern, CSV and YAML file sluice reads goes through it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GCRA state behind every token bucket (sluice/gcra.hpp): its parameters and retuning.
 #include "sluice/gcra.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/core/log_throttle.hpp (private) — for log lines that may repeat at a high rate (accept
 // failures, handler exceptions, backend errors): the first occurrence is logged at once, then at
 // most one a period, carrying the count of those not logged.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Log field values that a hostile key, domain or error text cannot forge fields or lines with.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One immutable value — a config snapshot, a rule set, an Envoy config — published to many readers.
 // publish() swaps it under a lock; each reader keeps a view of its own and takes the lock only after
 // a publish, so a read on the hot path is one acquire load. A view's pointer counts on a control

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "envoy/domain_config.hpp"
 
 #include <yaml-cpp/yaml.h>

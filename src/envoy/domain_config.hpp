@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/envoy/domain_config.hpp — envoyproxy/ratelimit's YAML configuration, read as that service
 // reads it: one domain per file, nested descriptors, a rate_limit at any level.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "envoy/grpc_server.hpp"
 
 #include <nghttp2/nghttp2.h>

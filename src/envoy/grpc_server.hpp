@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/envoy/grpc_server.hpp — unary gRPC calls over HTTP/2 (nghttp2) on Asio io threads, with every
 // resource a peer can hold bounded: connections, streams, header blocks, request bytes, answers
 // it never reads, resets, idle and old connections.

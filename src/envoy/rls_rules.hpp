@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/envoy/rls_rules.hpp — an Envoy config's domains prepared on a backend: each limit a prepared
 // rule (rule_set), each descriptor level a lookup table; matched as envoyproxy/ratelimit matches.
 //

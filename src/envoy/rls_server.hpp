@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/envoy/rls_server.hpp — Envoy's RateLimitService over gRPC: rls_service behind grpc_server
 // (HTTP/2 on nghttp2, a connection per io thread, one io thread per core). An in-process backend
 // answers on the io thread that read the call; Redis answers on its own thread, posted back.

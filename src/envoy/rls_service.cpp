@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "envoy/rls_service.hpp"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/envoy/rls_service.hpp — Envoy's ShouldRateLimit, decided on any sluice backend.
 //
 // A request's descriptors are matched against the domain's limits (rls_rules), each limit that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/backoff.hpp (private) — how long the watcher waits before reconnecting: capped
 // exponential backoff with jitter, so that many instances that lost one etcd do not all come back
 // in the same instant.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/channel.hpp (private) — one gRPC channel to one etcd endpoint: its credentials
 // (plaintext, or TLS from the options' PEM files) and the channel arguments the watcher relies on.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/key_range.hpp (private) — the [key, range_end) that etcd's Range and Watch take for
 // "every key with this prefix".
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/prefix_state.hpp (private) — the keys of one prefix at one revision, within bounds:
 // what a full read builds and watch events change. No I/O: the session feeds it.
 //

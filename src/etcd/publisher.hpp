@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/publisher.hpp (private) — the watcher's current snapshot and status, and their
 // delivery: each change is applied under a lock (for status() and entries() on other threads),
 // then handed to the user's callback on the watcher's thread, outside the lock.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/session.hpp (private) — one connection to one etcd endpoint, from connecting to its
 // end: authenticate (when a username is set), read the whole prefix at one revision when needed,
 // then watch it from the next revision, handing every batch to the publisher. A compaction or a

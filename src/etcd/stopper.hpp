@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/etcd/stopper.hpp (private) — stops the watcher's thread promptly, whatever it is doing: a
 // gRPC call in flight is cancelled (ClientContext::TryCancel), a backoff wait is woken.
 //

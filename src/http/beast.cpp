@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Beast adapter. Every Asio/Beast template the middleware needs is instantiated here, once.
 #include "sluice/http/beast.hpp"
 

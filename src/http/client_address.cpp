@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Client addresses: IP parsing, CIDR blocks, and the walk over X-Forwarded-For / Forwarded.
 #include "sluice/http/client_address.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // keyed_table.hpp (private) — one limiter state per key, in a sharded open-addressing hash table
 // with a hard cap on the number of keys.
 //

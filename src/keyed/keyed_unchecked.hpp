@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory backend's way into keyed_limiter for checks that backend::check has validated: the
 // limiter's own checks without their second validation.
 #pragma once

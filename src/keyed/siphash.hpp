@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // siphash.hpp (private) — SipHash, a keyed hash for tables whose keys come from outside.
 //
 // With a secret random key per table, nobody can compute in advance a set of keys that collide, so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/algorithm_scripts.hpp — the Lua body of each algorithm, from which scripts.cpp makes
 // the scripts (single-layer, dual-layer, batch, all-or-nothing, leases). Included by scripts.cpp only.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "redis/breaker.hpp"
 
 #include <boost/asio/bind_executor.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/breaker.hpp — the Redis backend's circuit breaker.
 //
 // Closed, checks go to Redis. After `breaker_failure_threshold` consecutive failures (timeouts,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/cluster_topology.hpp — what a Redis Cluster says about itself, read from its replies.
 //
 // Pure functions over hiredis's plain `redisReply` (no socket), unit-tested with hostile replies:

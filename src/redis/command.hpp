@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/command.hpp — a check as Redis sees it: the script call sent, and the reply read back.
 //
 // Pure functions over values: no socket, no hiredis context (a reply is hiredis's plain

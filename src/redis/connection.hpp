@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/connection.hpp — one connection to one Redis server, driven on an Asio strand.
 //
 // The connection does its own I/O on Asio — plain TCP, a Unix socket, or TLS over TCP (tls.hpp) —

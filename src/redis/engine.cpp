@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The check's path through the Redis backend (engine.hpp): accepted on the caller's thread, then on
 // the strand routed (the topology: slot_routing.cpp), sent (script_send.cpp), answered — or failed
 // and decided by on_error — within its deadline.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/engine.hpp — the Redis backend's engine: a check's way from async_check to its decision,
 // on one Redis server, on a Redis Cluster, or on the master Redis Sentinel names.
 //

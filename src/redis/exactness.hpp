@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/exactness.hpp — what the Redis scripts can compute exactly, and the check that refuses
 // the rest before anything is sent.
 //

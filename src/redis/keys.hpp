@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/keys.hpp — Redis key names for (rule, key) and (rule, tenant, user).
 //
 // Ids come from users. Every id (and the rule name) is percent-encoded: bytes outside printable

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A leased rule's checks through the Redis backend (lease_client.hpp): answered from the key's lease
 // where it can, else by one call that takes the lease; the calls that refill leases ahead of need
 // and give back what a lease did not use.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/lease_client.hpp — a Redis backend's leased rules (rule::lease): their lease tables
 // (lease_table.hpp), a leased rule's checks answered from them, and the calls that take, refill and
 // give back leases, sent through one engine (engine.hpp) and answered back here; every

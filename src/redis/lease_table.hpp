@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/lease_table.hpp — one leased rule's leases on this instance (rule::lease): per key, the
 // units taken from Redis ahead of its checks, what Redis last refused, and how fast the key is
 // checked here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One Redis server (node.hpp): a check sent alone or in a batch, and its reply handed back; the
 // connection's events; the circuit breaker; the out-of-memory probe.
 #include "redis/node.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/node.hpp — one Redis server as the engine sees it: its connection, the checks waiting
 // for it (its host name, its handshake, the batch being gathered), what it has in flight, its
 // circuit breaker (breaker.hpp), its clock (server_clock.hpp) and its out-of-memory probe.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The nodes (node.hpp) as the engine makes them, and what they report: ready, lost; and a master
 // named by the sentinels (sentinel.hpp) taking over from the old one.
 #include <spdlog/spdlog.h>

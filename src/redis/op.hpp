@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/op.hpp — a check on its way through the Redis backend (engine.hpp): the rule as
 // prepare() made it, the check's op (its call, deadline and where it was sent), and a check_all
 // shared by its parts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend's public face (redis_backend.hpp): options checked, the engine (engine.hpp) made
 // on its own io thread or the caller's, checks handed to it, its counters exported.
 #include "sluice/redis_backend.hpp"

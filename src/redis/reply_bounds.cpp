@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Its reply bounds (command.hpp): hiredis's reader makes each value through functions of ours that
 // count the values and bytes of the reply being read, and refuse it past a bound or when no command
 // waits for it.

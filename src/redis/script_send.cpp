@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A script sent and its reply read (engine.hpp): a check goes to the node serving it (node.hpp
 // sends it alone or in a batch, as EVALSHA, or as EVAL once the node said NOSCRIPT, its deadline on
 // the node's clock); its reply is a decision, a redirection (slot_routing.cpp), or a failure.

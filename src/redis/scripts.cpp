@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "redis/scripts.hpp"
 
 #include <boost/uuid/detail/sha1.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/scripts.hpp — the Lua scripts of the Redis backend and how their arguments are laid out.
 //
 // Every number a script takes is written in hex digits (Lua's tonumber(s, 16) reads them with

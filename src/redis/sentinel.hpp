@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/sentinel.hpp — a Sentinel switch followed: where the master the sentinels watch is, and
 // when it moves.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/server_clock.hpp — the Redis server's clock seen from this process: a lower bound of
 // its offset from our steady clock, and a check's deadline moved into the server's time.
 //

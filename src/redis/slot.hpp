@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/slot.hpp — the Redis Cluster hash slot of a key, computed as Redis computes it.
 //
 // CRC16 (XMODEM: polynomial 0x1021, initial value 0) of the key mod 16384, where a key holding a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The slot map of a Redis Cluster (engine.hpp): which master serves each slot, learnt from the seeds
 // and kept current.
 //

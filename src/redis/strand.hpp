@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/strand.hpp — the strand every part of the Redis backend runs on (connection, breaker,
 // the checks in flight), and the project's one Asio alias for these files.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/tls.hpp — a TLS handshake made: the backend's TLS settings, read once from
 // redis_options, and what each connection's handshake sets and reports.
 //

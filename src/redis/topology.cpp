@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which node serves each slot (topology.hpp).
 #include "redis/topology.hpp"
 

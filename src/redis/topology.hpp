@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/redis/topology.hpp — which node serves each hash slot: one Redis server (every slot its
 // own), the master Sentinel names (the same, swapped at each switch), or a Redis Cluster's slot map
 // (each map read replaces it; MOVED patches a slot until the next). The engine asks it where a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TOML configuration loader for sluiced (toml++, header-only).
 #include "sluice/server/config.hpp"
 #include "sluice/host_port.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "sluice/server/etcd_rule_source.hpp"
 
 #include <condition_variable>

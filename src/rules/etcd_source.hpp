@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's etcd source of rules: a watch of the [etcd] prefix whose updates reach the service's
 // control thread coalesced, so that a flood of puts costs one rebuild per pass, not one per put.
 #pragma once

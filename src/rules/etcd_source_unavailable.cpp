@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // etcd_source in a build without the etcd component (SLUICE_WITH_ETCD=OFF).
 #include "rules/etcd_source.hpp"
 

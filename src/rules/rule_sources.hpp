@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where sluiced's rules come from: its config file, and optionally etcd. The rules in force are the
 // file's, each overridden by an etcd rule of the same name, then the rules only etcd has.
 #pragma once

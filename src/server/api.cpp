@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // JSON request parsing and reply rendering for POST /v1/check (nlohmann-json, no exceptions).
 #include "server/api.hpp"
 

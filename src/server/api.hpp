@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/api.hpp — the JSON side of sluiced's POST /v1/check: parsing bodies, rendering replies.
 //
 // Parsing reads the body's shape (known fields of the right types, a rule that exists, the keys it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Turns [backend] settings into a backend (sluice/server/backend_factory.hpp).
 #include "server/backend_factory.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/backend_factory.hpp — the backend a sluiced config's [backend] describes.
 //
 //   auto cfg = sluice::server::load_config("/etc/sluice/sluice.toml");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/config_file_watch.hpp"
 
 #include <sys/stat.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // When sluiced reloads its config file: a changed file is applied once it has stopped changing.
 #pragma once
 

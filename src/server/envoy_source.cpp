@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "server/envoy_source.hpp"
 
 #include <spdlog/spdlog.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's Envoy API: the gRPC server of envoy.service.ratelimit.v3 on [server] grpc_listen, its
 // limits from [envoy] config_dir, reloaded when the directory's files change (or on SIGHUP); an
 // invalid file keeps the running limits.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // envoy_source in a build without the Envoy component (SLUICE_WITH_ENVOY=OFF).
 #include "server/envoy_source.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's log lines: field values that a hostile key cannot forge (log_value), and the refusal
 // log's budget.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced: the rate-limit service. Command line, logging set-up, then sluice::server::run.
 #include <cstdio>
 #include <iostream>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prometheus text exposition for sluiced, written by hand: a handful of counters and one histogram.
 #include "server/metrics.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/metrics.hpp — sluiced's counters and latency histogram, rendered in the Prometheus
 // text exposition format (version 0.0.4).
 //

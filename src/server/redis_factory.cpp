@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's Redis backends (redis_factory.hpp), in a build with the Redis component.
 #include "server/redis_factory.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backends of sluiced: made from [backend] when sluiced is built with the Redis component
 // (redis_factory.cpp), an error saying so otherwise (redis_factory_unavailable.cpp) — one source
 // or the other is linked, as for etcd and Envoy.

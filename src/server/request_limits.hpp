@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // src/server/request_limits.hpp (private) — the bounds on a request as sluiced reads it, in one
 // place: the server and the HTTP fuzz target set Beast's parser up with the same function.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's entry: loads the config, makes the backend and the first snapshot, and runs the service.
 #include "server/server.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // server/server.hpp — sluiced itself: the HTTP decision API over Boost.Beast, health and
 // metrics endpoints, config reload on SIGHUP or file change, and draining on SIGTERM.
 //

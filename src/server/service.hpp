@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's process: N io threads (workers), each with its own io_context and connections, plus
 // a control io_context on the main thread for accept, signals, config reload, housekeeping and
 // draining.

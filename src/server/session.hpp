@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One client connection of sluiced: reads a request (within the bounds of request_limits.hpp),
 // routes it (/v1/check, /healthz, /readyz, /metrics), runs its checks and writes the answer,
 // including the 429s. Lives on one worker thread; the worker is the io thread that owns it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The rules sluiced serves at one moment: a loaded config, its rules and overrides prepared on the
 // backend. Built at start, at each reload and at each change from etcd, then shared read-only by
 // every io thread.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice::token_bucket against Go's golang.org/x/time/rate itself: seeded random traces of
 // try_acquire / reserve / cancel / set_rate / set_burst / tokens on one bucket, run by sluice here and
 // by x/time/rate in tests/differential/xtime_oracle.go, compared operation by operation: every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // xtime_oracle runs token-bucket traces through Go's golang.org/x/time/rate and prints its answers,
 // for token_bucket_differential_test (which runs the same traces through sluice::token_bucket).
 //

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the build tree into a temporary prefix, then configures, builds and runs against it with
 # find_package(sluice): tests/install/consumer (the limiters), and, when sluice::rules is installed,
 # tests/install/rules_consumer (rules from a real etcd, started here on 127.0.0.1).
@@ -16,6 +17,7 @@ cleanup() {
 }
 trap cleanup EXIT
 cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
+grep -q 'Apache License' "$work/prefix/share/doc/sluice/LICENSE" || { echo "the licence is not installed"; exit 1; }
 cmake -S "$source_dir/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" >/dev/null
 "$work/build/consumer"

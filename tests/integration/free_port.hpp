@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/free_port.hpp — a TCP port on 127.0.0.1 for a server a test starts: bind port
 // 0, read it, close. Another process may take it before the server binds it, so fixtures check
 // that the server answering there is theirs, and retry.

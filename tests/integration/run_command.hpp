@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/run_command.hpp — runs a program to its end for a test fixture (etcdctl,
 // openssl, redis-cli): its exit status and its output, stdout and stderr together.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/log_capture.hpp — what is logged while it lives, in place of the default logger,
 // for a test that asserts what an operator reads.
 //

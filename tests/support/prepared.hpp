@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/support/prepared.hpp — a rule prepared for a test's checks: a backend checks only rules it
 // prepared (backend::prepare), so a test that defines a rule inline prepares it first.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/sluice/chart.hpp — simulations drawn as one SVG: a panel per policy with requests,
 // admitted and refused per step, and the remaining budget, over time.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice: see what a policy does before you ship it (simulate, demo), and what sluiced does after
 // (check, rules, config check).
 #include <CLI/CLI.hpp>

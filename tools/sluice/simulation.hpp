@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/sluice/simulation.hpp — one policy over a traffic pattern, on simulated time: the project's
 // own limiter state machines (limiter_state, the in-process backend's), one key, nothing slept.
 #pragma once

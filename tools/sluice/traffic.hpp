@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tools/sluice/traffic.hpp — the traffic a simulation replays: request times from a small pattern
 // language.
 //

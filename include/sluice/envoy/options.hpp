@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/envoy/options.hpp — how sluiced answers Envoy's ShouldRateLimit (envoy.service.ratelimit.v3).
 //
 //   sluice::envoy::rls_options o{.all_or_nothing = true, .response_headers = true};

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/etcd/options.hpp — where a prefix watcher finds etcd, what it watches, and its bounds.
 //
 //   sluice::etcd::etcd_options o{.endpoints = {"10.0.0.5:2379", "10.0.0.6:2379"},

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/etcd/prefix_watcher.hpp — every key under one etcd v3 prefix, kept current in memory.
 //
 // On a thread of its own the watcher connects to an endpoint (trying them in turn), authenticates

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/http/beast.hpp — the rate-limiting middleware for Boost.Beast servers.
 //
 // `limiter::check` is awaited in the C++20 coroutine session loop: it derives the key, asks the

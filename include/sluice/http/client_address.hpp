@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/http/client_address.hpp — who sent an HTTP request: IP addresses, CIDR blocks of trusted
 // proxies, and the walk over the forwarding header they write (X-Forwarded-For or RFC 7239
 // Forwarded), in which only what the trusted proxies appended counts.

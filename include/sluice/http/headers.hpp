@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/http/headers.hpp — the one function that turns a decision into HTTP header fields.
 //
 // sluiced and both middlewares call `rate_limit_headers`, so every surface sends the same values:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/http/httplib.hpp — the rate-limiting middleware for cpp-httplib servers.
 //
 // cpp-httplib runs each request on a worker thread, so the check is a blocking backend check made

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/http/middleware.hpp — rate-limiting middleware for HTTP services, independent of the HTTP
 // library.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/server/config.hpp — sluiced's configuration: rules, server, backend and HTTP settings from TOML.
 //
 // Two forms are accepted, alone or together in one file. The short form defines the rule `default`:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/server/etcd_rule_source.hpp — rules from etcd for a service that embeds sluice (a Beast or
 // cpp-httplib service checking a backend itself), without sluiced.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/server/rule_source_status.hpp — where rules in force come from, and what a source refused:
 // what etcd_rule_source reports and sluiced's GET /v1/rules shows.
 #pragma once

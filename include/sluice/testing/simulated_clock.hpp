@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice/testing/simulated_clock.hpp — a clock that moves only when told to.
 //
 //   sluice::testing::simulated_clock clock;           // starts at time_point{} + 1 s

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Embeds sluice: rules from etcd (etcd_rule_source), checks through them on a memory backend.
 //
 //   rules_consumer ENDPOINT      # etcd holds /sluice/rules/api = {"algorithm":"fixed_window","limit":2,...}

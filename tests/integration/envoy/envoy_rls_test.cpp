@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluiced's Envoy API over real gRPC: a client built from the project's .proto talks to a running
 // sluiced on each backend (memory, a real redis-server, a real Redis Cluster), and to its config
 // errors, reloads and hostile requests.

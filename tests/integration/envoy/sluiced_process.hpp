@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/envoy/sluiced_process.hpp — a real sluiced for tests, with its config file and
 // Envoy YAML directory in a fresh temporary directory.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/etcd/etcd_server.hpp — a real single-member etcd for tests.
 //
 // Starts /usr/bin/etcd on free 127.0.0.1 client and peer ports with its data in a fresh temporary

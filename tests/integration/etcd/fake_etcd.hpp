@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/etcd/fake_etcd.hpp — an etcd that misbehaves on purpose: a real gRPC server on
 // 127.0.0.1 (a free port) whose Range and Watch answer as the test says, recording when each full
 // read began (a Range at revision 0 is a read's first page).

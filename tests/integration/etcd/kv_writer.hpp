@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/etcd/kv_writer.hpp — puts over gRPC (KV.Put of src/etcd/proto), for tests that
 // write thousands of keys: etcdctl starts a process per call.
 //

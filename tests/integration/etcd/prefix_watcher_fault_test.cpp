@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The prefix watcher when etcd fails: killed and restarted, changed while out of the watcher's
 // reach, compacted meanwhile, down when the watcher starts. The watch resumes at the next
 // revision (nothing missed, nothing applied twice) or, when that revision is compacted away, the

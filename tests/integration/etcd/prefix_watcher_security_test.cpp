@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The prefix watcher against an etcd that asks who it is: a user and password (a token on every
 // call, a new one after etcd restarts and forgets it), and TLS with client certificates.
 #include "sluice/etcd/prefix_watcher.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The prefix watcher against a real etcd: the first full read, changes with their revisions,
 // bounds on what it holds (over-size values, a flood of keys), and prompt shutdown.
 #include "sluice/etcd/prefix_watcher.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/etcd/watch_recorder.hpp — records what a prefix_watcher delivers, and waits
 // (on a condition variable, bounded) until a condition on the watcher holds.
 //

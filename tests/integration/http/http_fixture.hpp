@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Test utilities for the HTTP middleware tests: start a real binary and talk HTTP/1.1 to it over a
 // real socket. Processes are ended by PID, never by name.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Beast middleware, tested against the real notes_beast example over real HTTP.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cpp-httplib middleware, tested against the real notes_httplib example over real HTTP.
 #include <gtest/gtest.h>
 

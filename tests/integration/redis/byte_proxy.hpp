@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/redis/byte_proxy.hpp — a TCP proxy on 127.0.0.1 in front of a real server that
 // passes what the client sends as it comes, and what the server answers one byte per write, with a
 // pause after each: the client's reader meets every reply cut at every byte.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend against a real redis-server: every script gives the decisions of the in-process
 // backend, keys are encoded safely and always expire, dual-layer checks are all or nothing, scripts
 // come back after SCRIPT FLUSH, AUTH works. Time comes from a simulated clock passed to the scripts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/redis/redis_cluster.hpp — a real Redis Cluster for tests: 3 masters and 3
 // replicas of Debian's redis-server on 127.0.0.1.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend on a real Redis Cluster (3 masters + 3 replicas, redis_cluster.hpp): slots as
 // Redis computes them, every algorithm deciding as on one Redis, dual-layer keys in one slot for any
 // tenant id, and checks that keep their answers through resharding, SCRIPT FLUSH, a manual failover

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exactness under concurrency on a real redis-server: 2 processes × 4 threads × 5,000 checks at one
 // key with a limit of 1,000 per 60 s admit exactly 1,000; a dual-layer tenant limit holds exactly
 // too. Also runs under ThreadSanitizer (label `concurrency`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend when Redis fails: killed under load, restarted, too slow (DEBUG SLEEP), down at
 // start-up, flooded. Decisions follow on_error within the command timeout, the circuit breaker stops
 // paying the timeout, the backend reconnects by itself, waiting checks stay bounded; a server that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Redis backend on several io_contexts (a server's io threads), against a real redis-server: each
 // io thread has its own connection, a check asked on one is answered on that same thread, limits
 // stay exact across them, and a leased rule keeps one lease table whichever thread checks it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Leases (rule::lease) against a real redis-server: two backends on one Redis are two instances.
 // Nothing is admitted over the limit as the algorithm defines it, a cold key answers as an exact
 // check, refusals are remembered for their retry_after, unused units are given back, a lost Redis

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A second process for the exactness tests: THREADS threads each run CHECKS blocking checks against
 // one key (or one tenant) on the Redis at ADDRESS, then it prints
 //   admitted N failed M calls C windows I:n I:n ...

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend on a Sentinel-managed master, against real servers on 127.0.0.1: one master,
 // two replicas and three sentinels (redis-server in its Sentinel mode). The master is found through
 // the sentinels (past one that is down), its ROLE confirmed; a SENTINEL FAILOVER and a SIGKILL of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/redis/redis_server.hpp — a real redis-server for tests.
 //
 // Starts /usr/bin/redis-server on a free 127.0.0.1 port in a fresh temporary directory, with no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis backend over TLS and with a minimal ACL user, against a real redis-server with a
 // tls-port and certificates this test makes with the openssl CLI: checks decided over TLS and
 // mutual TLS, and every TLS failure (unknown CA, expired certificate, wrong name, a plaintext

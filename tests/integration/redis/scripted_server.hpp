@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/integration/redis/scripted_server.hpp — not Redis: a server on 127.0.0.1 that answers each
 // RESP command with what the test's function returns for it (its name and first argument), for
 // tests of replies no real server sends or of servers that lie (a sentinel naming a replica).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rules from a real etcd for a service that embeds sluice: sets delivered to a callback, the state
 // of unchanged rules kept, a bad value rejected alone, the defaults while etcd is away.
 #include "sluice/server/etcd_rule_source.hpp"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Grafana dashboard (packaging/grafana/sluiced-dashboard.json) asks only for what sluiced
 exports: every metric name in its queries is a family in a real sluiced's /metrics, and every label
 it groups by is on that family's samples."""

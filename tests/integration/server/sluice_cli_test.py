@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The sluice CLI as a user runs it: simulate (table, SVG), config check, and check/rules against a
 running sluiced."""
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end tests of sluiced over real HTTP, memory backend: fields, headers, both config forms,
 every error code, batch, disabled limiting, metrics, hot reload (valid and invalid), SIGTERM.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """envoyproxy/ratelimit's own test scenarios, replayed against a running sluiced over gRPC.
 
 Each scenario below comes from one of the reference's tests (named in `source`): its config, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """sluiced taking rules from a real etcd (etcd-server 3.4): rules added, changed and deleted on two
 instances, a bad value rejected alone, etcd down at start and restarted under load, auth, TLS, a
 flood of puts."""

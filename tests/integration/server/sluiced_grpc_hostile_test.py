@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The gRPC port of the real sluiced against hostile HTTP/2 peers, in raw frames over real sockets:
 header blocks without end (CONTINUATION floods, HPACK's table expanding a few bytes into
 kilobytes), streams that never finish, answers never read (a zero window), idle and old

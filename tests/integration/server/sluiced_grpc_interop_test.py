@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """sluiced's gRPC port as other gRPC stacks call it: Python's grpcio (Debian's python3-grpcio, on
 gRPC core) and rls_load, an nghttp2 client that frames calls as Envoy's own `envoy_grpc` client does.
 The messages come from the project's .proto files, compiled here by protoc into a temporary

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Starts the real sluiced (and redis-server) for end-to-end tests; standard library only.
 
 Each process is started on 127.0.0.1 with port 0 (sluiced) or a free port (redis-server), in a

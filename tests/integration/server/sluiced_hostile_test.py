@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """sluiced against hostile clients, over real sockets: HTTP framing that must be bounded, a browser's
 cross-origin POST, floods of refusals, of connections and of keys, a config file written in place,
 files that are not regular files, Envoy configs nesting too deep, and SIGTERM under keep-alive load. Each case failed before the fix it guards.

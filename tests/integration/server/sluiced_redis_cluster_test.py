@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end tests of sluiced on a real Redis Cluster (3 masters + 3 replicas started here): two
 sluiced processes with four threads each share limits exactly on keys spread over every master;
 /readyz and /metrics follow the cluster through a killed master's failover.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end tests of sluiced on a Sentinel-managed master (a master, two replicas and three
 sentinels started here): two sluiced processes under load follow a SENTINEL FAILOVER and a SIGKILL
 of the master without a restart; /readyz and /metrics follow.

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end tests of sluiced on a real redis-server: two sluiced processes share one limit exactly;
 Redis killed -> each on_error policy and /readyz 503; Redis back -> recovery. And on a fake Redis
 that misbehaves on purpose: a reply nobody asked for, malformed script replies.

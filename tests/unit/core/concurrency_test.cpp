@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Real threads, frozen simulated time, exact expected totals. Also built and run under TSan.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every file sluice reads (configs, Envoy YAML, traffic patterns, CSV) is read by read_file_text:
 // regular files only, never blocking on a FIFO, never more than the bound.
 #include "core/file_text.hpp"

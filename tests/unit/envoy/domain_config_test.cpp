@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // envoyproxy/ratelimit's YAML, read as that service reads it, with sluice's extensions; every error
 // names the file and line.
 #include "envoy/domain_config.hpp"

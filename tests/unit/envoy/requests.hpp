@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Envoy RateLimitRequests for tests: descriptors as lists of (key, value) entries.
 //
 //   auto r = sluice::testing::rls_request({{{"remote_address", "10.0.0.1"}, {"path", "/x"}}}, 2);

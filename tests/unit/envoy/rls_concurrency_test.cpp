@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ShouldRateLimit from many threads at once, while the rules are reloaded: every counter admits
 // exactly its limit, and a refused request takes nothing from the other descriptor (run under TSan).
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The gRPC server over real sockets: clients on their own channels at once get exactly the limit,
 // and a shutdown while a call is still deciding (on Redis, its reply outstanding) neither hangs
 // nor answers into a freed call.

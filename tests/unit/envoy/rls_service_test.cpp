@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ShouldRateLimit decided on the memory backend with a simulated clock: matching as
 // envoyproxy/ratelimit matches, fixed windows aligned to the epoch, hits_addend, all or nothing
 // across descriptors, shadow_mode, unlimited, replaces, overrides, reloads, unknown domains, hostile

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "sluice/http/headers.hpp"
 
 #include <gtest/gtest.h>

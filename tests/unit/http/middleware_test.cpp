@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the library-neutral middleware: routes, keys, client addresses, outcomes.
 // No sockets; the backend is a scripted fake.
 #include "sluice/http/middleware.hpp"

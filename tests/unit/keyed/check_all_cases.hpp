@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What backend::check_all promises, checked on any backend (the memory backend's unit test and the
 // Redis backend's integration test run the same cases): all or nothing, a refusal consumes nothing,
 // a cost no wait admits is refused and records nothing, bad calls are refused whole.

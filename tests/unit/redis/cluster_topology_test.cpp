@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Redis Cluster's replies read without a cluster: key slots against known values, CLUSTER SHARDS
 // (integer and 7.0.x string slot numbers) and CLUSTER SLOTS, redirections, and hostile replies —
 // wrong types, odd maps, slots out of range, overlapping ranges, absent or bad ports.

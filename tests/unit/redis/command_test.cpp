@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a check sends to Redis and how its reply is read, without a redis-server: argument vectors
 // built from prepared rules and requests, and replies — good and hostile (wrong types, short and
 // long arrays, huge and negative integers) — built by hand as hiredis would hand them over.

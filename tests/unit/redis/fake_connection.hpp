@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/unit/redis/fake_connection.hpp — a node's connection (node.hpp) without a server: it keeps
 // what the node sends, in order, and answers from RESP bytes the test feeds it, read by hiredis's
 // reader as the real connection reads them; the test plays the connection's events (handshake,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The lease table alone (no Redis): what a check does with a key's lease, how large a lease it asks
 // for, when a token bucket's leased units may no longer be used, what is given back, and what a
 // lease reply may not say. Time is passed in.

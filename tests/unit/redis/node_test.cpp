@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One Redis server as the engine sees it (node.hpp), against a fake connection: a check goes alone
 // on an idle node and in one batch call while one is in flight; replies cut at every byte reach the
 // owner whole and in order; a master a sentinel named sends nothing until its handshake confirms it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tests/unit/redis/reply_builder.hpp — redisReply trees built by hand, as hiredis's reader hands
 // them over, for tests of what reads replies (command.hpp, cluster_topology.hpp) without a server.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What sentinels say, read without a sentinel: get-master-addr-by-name's answers (an address, an
 // unknown name, an error, hostile shapes) and +switch-master's payload (for this master or another,
 // short, long, bad ports).

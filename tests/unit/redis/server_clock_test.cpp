@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Redis server's clock as the backend sees it: the offset is a lower bound kept over one to two
 // seconds of samples, and a deadline is only ever set once an offset is known. Local times are
 // passed in: nothing sleeps.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which node serves each slot, without a server: one Redis serves every slot, a Sentinel switch
 // swaps the master whole, a cluster's map routes each range, MOVED storms patch slots until the next
 // map, readiness needs every slot served by a node that answers, and idle nodes are let go. The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // When sluiced applies a changed config file: only once it has held still for `settle`, and for
 // `settle_removal` when it would remove rules.
 #include "server/config_file_watch.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rules from etcd over the file's: what is taken, what is rejected (once), what stays in force.
 #include "rules/rule_sources.hpp"
 

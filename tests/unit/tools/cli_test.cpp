@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // sluice simulate: the pattern language, the seed's walk-through and the 2N pitfall as golden
 // figures, and the chart's shape.
 #include <gtest/gtest.h>
