@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sluice/prometheus.hpp"
 
+#include <charconv>
 #include <cstdio>
 
 namespace sluice::prometheus {
@@ -35,10 +36,12 @@ void sample(std::string& out, std::string_view name_and_labels, std::int64_t val
   out.append(name_and_labels).append(1, ' ').append(std::to_string(value)).append(1, '\n');
 }
 
+// The shortest text that reads back as `value` exactly: a start time in seconds since the epoch
+// keeps its fraction, where a fixed number of digits would round it to tens of seconds.
 void sample(std::string& out, std::string_view name_and_labels, double value) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.9g", value);
-  out.append(name_and_labels).append(1, ' ').append(buf).append(1, '\n');
+  const auto end = std::to_chars(buf, buf + sizeof buf, value).ptr;
+  out.append(name_and_labels).append(1, ' ').append(buf, end).append(1, '\n');
 }
 
 }  // namespace sluice::prometheus

@@ -12,14 +12,14 @@
 #include <boost/asio/post.hpp>
 #include <future>
 
+#include "core/log_value.hpp"
 #include "redis/scripts.hpp"
 #include "redis/slot.hpp"
 
 namespace sluice::detail {
 
 engine::engine(const redis_options& o, std::vector<endpoint> seeds, topology_kind t,
-               std::shared_ptr<const tls_settings> tls,
-               asio::io_context& io, std::shared_ptr<memory_backend> local)
+               std::shared_ptr<const tls_settings> tls, asio::io_context& io, std::shared_ptr<memory_backend> local)
     : options_(o),
       kind_(t),
       seeds_(std::move(seeds)),
@@ -119,9 +119,8 @@ void engine::send_check(const check_request& req, const redis_prepared_rule* pre
     pending_.fetch_sub(1, std::memory_order_relaxed);
     overloaded_.fetch_add(1, std::memory_order_relaxed);
     if (std::uint64_t n = log_.occurred()) {
-      spdlog::warn(
-          "sluice redis backend: too many checks waiting (max_pending = {}) ({} error(s) since the last report)",
-          options_.max_pending, n);
+      spdlog::warn("event=redis_overloaded max_pending={} errors={} message=\"too many checks waiting\"",
+                   options_.max_pending, n);
     }
     handler(failure_decision(req, *prepared));
     return;
@@ -283,7 +282,7 @@ void engine::fail(const op_ptr& o, errc code, std::string_view why) {
   }
   if (!stopping_) {
     if (std::uint64_t n = log_.occurred()) {
-      spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", why, n);
+      spdlog::warn("event=redis_check_failed error={} errors={}", log_value(why), n);
     }
   }
   if (o->all) return complete_part(o, part_failure(*o));

@@ -100,8 +100,8 @@ void lease_client::check(const check_request& req, const redis_prepared_rule& p,
       auto call = std::make_shared<lease_call>(lease_call::kind::take, p.leases, key, now);
       call->cost = req.cost;
       call->want = plan.want;
-      command c = lease_command(p.call, p.definition(), req, options_.key_prefix, engine_.now_us(), req.cost,
-                                plan.want, table.hold_ns());
+      command c = lease_command(p.call, p.definition(), req, options_.key_prefix, engine_.now_us(), req.cost, plan.want,
+                                table.hold_ns());
       send(std::move(call), std::move(c), req, &p, std::move(handler));
       return;
     }
@@ -294,13 +294,12 @@ void lease_client::arm_timer() {
   if (timer_armed_ || engine_.stopping_) return;
   timer_armed_ = true;
   timer_.expires_after(lease_sweep_interval);
-  timer_.async_wait(
-      asio::bind_executor(strand_, [e = engine_.shared_from_this(), this](boost::system::error_code ec) {
-        timer_armed_ = false;
-        if (ec || engine_.stopping_) return;
-        sweep_now(nullptr);
-        if (!live_tables().empty()) arm_timer();
-      }));
+  timer_.async_wait(asio::bind_executor(strand_, [e = engine_.shared_from_this(), this](boost::system::error_code ec) {
+    timer_armed_ = false;
+    if (ec || engine_.stopping_) return;
+    sweep_now(nullptr);
+    if (!live_tables().empty()) arm_timer();
+  }));
 }
 
 void lease_client::append_metrics(std::string& out) const {

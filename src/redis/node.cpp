@@ -10,6 +10,7 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 
+#include "core/log_value.hpp"
 #include "redis/cluster_topology.hpp"
 #include "redis/command.hpp"
 #include "redis/scripts.hpp"
@@ -236,7 +237,7 @@ void node::on_ready() {
   circuit_.succeeded();
   if (circuit_.close()) {
     ctx_.counters.open_circuits.fetch_sub(1, std::memory_order_relaxed);
-    spdlog::info("sluice redis backend: connected to {}; circuit closed", address);
+    spdlog::info("event=redis_circuit_closed address={} message=\"connected\"", log_value(address));
   }
   send_unsent();
   ctx_.owner.ready(*this);
@@ -259,7 +260,8 @@ void node::open_circuit(const std::string& why) {
   if (circuit_.open()) {
     ctx_.counters.circuit_opens.fetch_add(1, std::memory_order_relaxed);
     ctx_.counters.open_circuits.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("sluice redis backend: circuit open ({}); checks follow on_error until {} answers", why, address);
+    spdlog::warn("event=redis_circuit_open address={} reason={} message=\"checks follow on_error until it answers\"",
+                 log_value(address), log_value(why));
     ctx_.owner.health_changed(*this);
   }
   // A probe is a new connection; its handshake PING closes the circuit. The probe holds the node.
@@ -278,9 +280,9 @@ void node::set_out_of_memory(bool oom) {
   if (!oom) return;
   if (std::uint64_t count = ctx_.log.occurred()) {
     spdlog::warn(
-        "sluice redis backend: {} is out of memory (maxmemory): scripts refused, /readyz reports not ready"
-        " ({} error(s) since the last report)",
-        address, count);
+        "event=redis_out_of_memory address={} errors={} message=\"scripts refused (maxmemory); /readyz reports not "
+        "ready\"",
+        log_value(address), count);
   }
   schedule_oom_probe();
 }

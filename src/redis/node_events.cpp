@@ -5,6 +5,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "core/log_value.hpp"
 #include "redis/engine.hpp"
 
 namespace sluice::detail {
@@ -37,14 +38,14 @@ void engine::on_master(const endpoint& where) {
   if (old != nullptr && old->connection().where() == where) return;  // the same: its probes reconnect it
   std::vector<op_ptr> waiting;
   if (old != nullptr) {
-    spdlog::warn("sluice redis backend: the sentinels moved master \"{}\" from {} to {}", options_.master_name,
-                 old->address, address_of(where));
+    spdlog::warn("event=redis_master_switch master_name={} from={} to={}", log_value(options_.master_name),
+                 log_value(old->address), log_value(address_of(where)));
     master_switches_.fetch_add(1, std::memory_order_relaxed);
     waiting = old->take_waiting();
     old->close();
   } else {
-    spdlog::info("sluice redis backend: the sentinels name {} as master \"{}\"", address_of(where),
-                 options_.master_name);
+    spdlog::info("event=redis_master master_name={} address={}", log_value(options_.master_name),
+                 log_value(address_of(where)));
   }
   node_ptr master = make_node(where, connection::peer::master);
   node& now = *master;
@@ -68,7 +69,7 @@ void engine::ready(node&) {
 void engine::lost(node& n, const std::string& why) {
   if (stopping_) return;
   if (std::uint64_t count = log_.occurred()) {
-    spdlog::warn("sluice redis backend: {} ({} error(s) since the last report)", why, count);
+    spdlog::warn("event=redis_connection_lost error={} errors={}", log_value(why), count);
   }
   n.open_circuit(why);
   update_ready();

@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/log_value.hpp"
 #include "redis/engine.hpp"
 #include "redis/tls.hpp"
 #include "sluice/memory_backend.hpp"
@@ -99,14 +100,13 @@ class redis_backend_impl final : public redis_backend {
     redis_backend_stats sum = leader().stats();
     for (std::size_t i = 1; i < engines_.size(); ++i) {
       const redis_backend_stats s = engines_[i]->stats();
-      for (auto field : {&redis_backend_stats::checks, &redis_backend_stats::redis_decisions,
-                         &redis_backend_stats::calls, &redis_backend_stats::timeouts, &redis_backend_stats::unavailable,
-                         &redis_backend_stats::protocol_errors, &redis_backend_stats::overloaded,
-                         &redis_backend_stats::fail_open, &redis_backend_stats::fail_closed,
-                         &redis_backend_stats::local_fallback, &redis_backend_stats::script_reloads,
-                         &redis_backend_stats::connects, &redis_backend_stats::circuit_opens,
-                         &redis_backend_stats::redirections, &redis_backend_stats::retries,
-                         &redis_backend_stats::pending}) {
+      for (auto field :
+           {&redis_backend_stats::checks, &redis_backend_stats::redis_decisions, &redis_backend_stats::calls,
+            &redis_backend_stats::timeouts, &redis_backend_stats::unavailable, &redis_backend_stats::protocol_errors,
+            &redis_backend_stats::overloaded, &redis_backend_stats::fail_open, &redis_backend_stats::fail_closed,
+            &redis_backend_stats::local_fallback, &redis_backend_stats::script_reloads, &redis_backend_stats::connects,
+            &redis_backend_stats::circuit_opens, &redis_backend_stats::redirections, &redis_backend_stats::retries,
+            &redis_backend_stats::pending}) {
         sum.*field += s.*field;
       }
       sum.circuit_open = sum.circuit_open || s.circuit_open;
@@ -249,7 +249,9 @@ result<std::unique_ptr<redis_backend>> make_backend(const redis_options& options
   auto tls = detail::make_tls_settings(options);
   if (!tls) return tls.error();
   if (options.tls && !options.tls_verify) {
-    spdlog::warn("sluice redis backend: tls_verify = false: any server is accepted, its certificate unverified");
+    spdlog::warn(
+        "event=redis_tls_unverified message=\"tls_verify = false: any server is accepted, its certificate "
+        "unverified\"");
   }
   auto local = make_local(options);
   if (!local) return local.error();

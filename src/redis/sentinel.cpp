@@ -9,6 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/log_value.hpp"
+
 namespace sluice::detail {
 namespace {
 
@@ -165,8 +167,8 @@ void sentinel_watch::round_failed() {
       if (!why.empty()) why += "; ";
       why += address_of(sentinels_[i]) + ": " + (why_not_[i].empty() ? "no answer" : why_not_[i]);
     }
-    spdlog::warn("sluice redis backend: no sentinel names the master \"{}\" ({}) ({} error(s) since the last report)",
-                 options_.master_name, why, count);
+    spdlog::warn("event=redis_no_master master_name={} error={} errors={}", log_value(options_.master_name),
+                 log_value(why), count);
   }
   ask_later();
 }

@@ -18,6 +18,7 @@
 #include <boost/asio/post.hpp>
 #include <set>
 
+#include "core/log_value.hpp"
 #include "redis/engine.hpp"
 #include "redis/slot.hpp"
 
@@ -171,8 +172,8 @@ void engine::handle_topology(node& n, redisReply* reply, bool shards, std::uint6
   }
   if (!owners) {
     if (std::uint64_t count = log_.occurred()) {
-      spdlog::warn("sluice redis backend: no slot map from {}: {} ({} error(s) since the last report)", n.address,
-                   owners.error().message, count);
+      spdlog::warn("event=redis_no_slot_map address={} error={} errors={}", log_value(n.address),
+                   log_value(owners.error().message), count);
     }
     return finish_refresh(false);
   }
@@ -210,8 +211,8 @@ void engine::apply_map(const std::vector<slot_owner>& owners) {
   for (const auto& o : owners) masters.insert(o.master);
   if (masters.size() > max_nodes) {
     if (std::uint64_t count = log_.occurred()) {
-      spdlog::warn("sluice redis backend: a slot map naming {} masters ignored (at most {}) ({} error(s))",
-                   masters.size(), max_nodes, count);
+      spdlog::warn("event=redis_slot_map_ignored masters={} max_masters={} errors={}", masters.size(), max_nodes,
+                   count);
     }
     return;
   }

@@ -4,6 +4,7 @@
 #include "sluice/host_port.hpp"
 #include "core/file_text.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <cmath>
@@ -650,10 +651,24 @@ result<void> read_http(const section& s, config& out) {
   return {};
 }
 
+result<void> read_log(const section& s, config& out) {
+  if (auto v = s.only({"format", "level"}); !v) return v.error();
+  auto format = s.string("format", "text");
+  if (!format) return format.error();
+  if (*format != "text" && *format != "json")
+    return s.bad("format", "must be \"text\" or \"json\", got \"" + *format + "\"");
+  auto level = s.string("level", "info");
+  if (!level) return level.error();
+  static constexpr std::string_view levels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (std::find(std::begin(levels), std::end(levels), *level) == std::end(levels))
+    return s.bad("level", "must be trace, debug, info, warn, error, critical or off, got \"" + *level + "\"");
+  out.log = {.format = *format, .level = *level};
+  return {};
+}
+
 result<void> read_envoy(const section& s, std::string_view source_name, config& out) {
-  if (auto v = s.only({"config_dir", "merge_domains", "all_or_nothing", "shadow_mode", "quota_mode",
-                       "near_limit_ratio", "response_headers", "header_limit", "header_remaining", "header_reset",
-                       "max_detailed_labels"});
+  if (auto v = s.only({"config_dir", "merge_domains", "all_or_nothing", "shadow_mode", "quota_mode", "near_limit_ratio",
+                       "response_headers", "header_limit", "header_remaining", "header_reset", "max_detailed_labels"});
       !v) {
     return v.error();
   }
@@ -807,10 +822,11 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   out.source = std::string(source_name);
   for (auto&& [k, v] : root) {
     std::string_view key = k.str();
-    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "etcd" && key != "envoy" &&
-        key != "rules" && key != "overrides") {
-      return rep.at(k.source(), "unknown key '" + std::string(key) +
-                                    "' (expected ratelimit, server, backend, http, etcd, envoy, rules or overrides)");
+    if (key != "ratelimit" && key != "server" && key != "backend" && key != "http" && key != "log" && key != "etcd" &&
+        key != "envoy" && key != "rules" && key != "overrides") {
+      return rep.at(k.source(),
+                    "unknown key '" + std::string(key) +
+                        "' (expected ratelimit, server, backend, http, log, etcd, envoy, rules or overrides)");
     }
   }
   // [server] first: [ratelimit] may also switch log_rejections on.
@@ -833,6 +849,11 @@ result<config> read_root(const toml::table& root, const reporter& rep, std::stri
   if (!http) return http.error();
   if (*http) {
     if (auto r = read_http(section(**http, "[http]", rep), out); !r) return r.error();
+  }
+  auto log = sub_table(root, "log", rep);
+  if (!log) return log.error();
+  if (*log) {
+    if (auto r = read_log(section(**log, "[log]", rep), out); !r) return r.error();
   }
   auto etcd = sub_table(root, "etcd", rep);
   if (!etcd) return etcd.error();

@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string("sluiced ") + SLUICE_VERSION);
   CLI11_PARSE(app, argc, argv);
 
-  // One line per event, key=value fields, to stderr (journald adds its own timestamp under systemd).
+  // One line per event, key=value fields, to stderr (journald adds its own timestamp under systemd);
+  // [log] may make them JSON once the config is read.
   auto logger = spdlog::stderr_logger_mt("sluiced");
   spdlog::set_default_logger(logger);
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z level=%l %v");
@@ -50,6 +51,5 @@ int main(int argc, char** argv) {
   sluice::server::server_options options;
   options.config_path = config_path;
   if (!listen.empty()) options.listen = listen;
-  spdlog::info("event=start version={} config={}", SLUICE_VERSION, config_path);
   return sluice::server::run(options);
 }

@@ -105,6 +105,7 @@ void metrics::record_response(int status) {
 std::string metrics::render(const metrics_gauges& gauges) const {
   // Sum the shards into one view.
   std::map<std::string, rule_stats, std::less<>> rules_;
+  for (const std::string& rule : gauges.rules) rules_[rule];  // in force: shown at 0 until checked
   for (auto& sh : shards_) {
     std::lock_guard lock(sh.mu);
     for (const auto& [name, r] : sh.rules) {
@@ -125,9 +126,9 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   header(out, "sluice_checks_total", "counter", "Checks by rule and result (allowed, rejected, error).");
   for (const auto& [rule, r] : rules_) {
     std::string prefix = "sluice_checks_total{rule=\"" + escape_label(rule) + "\",result=\"";
-    if (r.allowed) sample(out, prefix + "allowed\"}", r.allowed);
-    if (r.rejected) sample(out, prefix + "rejected\"}", r.rejected);
-    if (r.errors) sample(out, prefix + "error\"}", r.errors);
+    sample(out, prefix + "allowed\"}", r.allowed);
+    sample(out, prefix + "rejected\"}", r.rejected);
+    sample(out, prefix + "error\"}", r.errors);
   }
   header(out, "sluice_rejections_total", "counter",
          "Refused checks by rule, refusing layer (single, tenant, user) and tenant (capped; later tenants are "

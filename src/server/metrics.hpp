@@ -39,13 +39,18 @@ struct metrics_options {
 struct metrics_gauges {
   /// Whether the backend answers. Default: true.
   bool backend_ready = true;
+  /// The rules in force: each has its counters and histogram, at 0 until it is checked, so that
+  /// an idle rule (and instance) appears.
+  std::vector<std::string> rules;
 };
 
 class metrics {
  public:
-  /// Upper bounds of the check latency histogram, in seconds.
-  static constexpr std::array<double, 14> latency_buckets{0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
-                                                          0.0025,  0.005,    0.01,    0.025,  0.05,    0.1,    0.5};
+  /// Upper bounds of the check latency histogram, in seconds: from 1 µs, below the fastest check
+  /// (an in-process one takes a few µs), to 1 s.
+  static constexpr std::array<double, 19> latency_buckets{
+      0.000001, 0.0000025, 0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001,
+      0.0025,   0.005,     0.01,     0.025,   0.05,     0.1,     0.25,   0.5,     1};
 
   explicit metrics(const metrics_options& options);
 

@@ -12,6 +12,7 @@
 #include "sluice/host_port.hpp"
 #include "server/backend_factory.hpp"
 #include "server/log_fields.hpp"
+#include "server/log_format.hpp"
 #include "server/service.hpp"
 
 namespace sluice::server {
@@ -41,6 +42,8 @@ int run(const server_options& options) {
     spdlog::error("event=config_invalid error={}", log_value(cfg.error().message));
     return 1;
   }
+  apply_log_settings(cfg->log);  // [log] from here on
+  spdlog::info("event=start version={} config={}", SLUICE_VERSION, log_value(options.config_path));
   if (options.listen) cfg->server.listen = *options.listen;
   if (auto s = check_servable(*cfg); !s) {
     spdlog::error("event=config_invalid error={}", log_value(s.error().message));

@@ -12,6 +12,7 @@
 
 #include "sluice/prometheus.hpp"
 #include "server/backend_factory.hpp"
+#include "server/process_metrics.hpp"
 #include "server/server.hpp"
 #include "rules/rule_sources.hpp"
 
@@ -31,9 +32,12 @@ constexpr auto accept_backoff = std::chrono::milliseconds(100);
 
 }  // namespace
 
-// sluiced's own counters, then the backend's (whatever it is), then the requests in flight.
+// sluiced's own counters, then the backend's (whatever it is), then the requests in flight, the
+// build and the process.
 std::string service::render_metrics() {
-  std::string out = metrics_.render({.backend_ready = backend_->ready()});
+  metrics_gauges gauges{.backend_ready = backend_->ready()};
+  for (const rule& r : current()->cfg.rules) gauges.rules.push_back(r.name);
+  std::string out = metrics_.render(gauges);
   backend_->append_metrics(out);
   const auto all = sources();
   prometheus::family(out, "sluice_config_source_up", "gauge",
@@ -56,6 +60,9 @@ std::string service::render_metrics() {
                      "Requests read and not yet answered (this scrape included).");
   prometheus::sample(out, "sluice_http_requests_in_flight",
                      static_cast<std::int64_t>(in_flight_.load(std::memory_order_relaxed)));
+  prometheus::family(out, "sluice_build_info", "gauge", "1, labelled with the version of sluiced.");
+  prometheus::sample(out, "sluice_build_info{version=\"" SLUICE_VERSION "\"}", std::int64_t{1});
+  append_process_metrics(out);
   return out;
 }
 
@@ -286,6 +293,10 @@ void service::reload(std::string_view trigger) {
   next.envoy = old->cfg.envoy;
   next.server.grpc_listen = old->cfg.server.grpc_listen;
   next.server.grpc = old->cfg.server.grpc;
+  if (next.log != old->cfg.log) {
+    spdlog::warn("event=reload_restart_needed section=log message=\"[log] applies at the next start\"");
+  }
+  next.log = old->cfg.log;
   if (next.etcd != old->cfg.etcd) {
     spdlog::warn("event=reload_restart_needed section=etcd message=\"[etcd] applies at the next start\"");
   }

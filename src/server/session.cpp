@@ -224,7 +224,7 @@ void session::finish_check() {
         spdlog::info("event=check rate_limited=true rule={} tenant={} user={} rejected_by={}", item.rule->name,
                      log_value(item.tenant), log_value(item.user), to_string(r->rejected_by));
       } else {
-        spdlog::info("event=check rate_limited=true rule={} user={}", item.rule->name, log_value(item.key));
+        spdlog::info("event=check rate_limited=true rule={} key={}", item.rule->name, log_value(item.key));
       }
     }
   }

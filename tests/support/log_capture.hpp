@@ -4,7 +4,7 @@
 //
 //   log_capture log;
 //   ...                                   // code that logs, on any thread
-//   EXPECT_NE(log.text().find("circuit open"), std::string::npos);
+//   EXPECT_NE(log.text().find("event=redis_circuit_open"), std::string::npos);
 #pragma once
 
 #include <spdlog/sinks/base_sink.h>

@@ -106,6 +106,17 @@ struct http_settings {
   bool ietf_headers = false;
 };
 
+/// [log]: sluiced's log lines, to stderr (journald under systemd).
+struct log_settings {
+  /// "text": one line per event, `event=...` then key=value fields; "json": one JSON object per
+  /// line, with `time`, `level` and the same fields (`format`). Default: "text".
+  std::string format = "text";
+  /// The lowest level written: trace, debug, info, warn, error, critical or off (`level`).
+  /// Default: "info".
+  std::string level = "info";
+  bool operator==(const log_settings&) const = default;
+};
+
 /// [etcd]: a second source of rules, watched at run time. Rules under `prefix + "rules/NAME"` (JSON
 /// objects with the fields of a [[rules]] table) override the file's rule of the same name;
 /// overrides live under `prefix + "overrides/ID"`.
@@ -179,6 +190,7 @@ struct config {
   server_settings server;
   backend_settings backend;
   http_settings http;
+  log_settings log;
   etcd_settings etcd;
   envoy_settings envoy;
   /// Every rule, `default` first when the [ratelimit] form defines it. Names are unique.

@@ -408,11 +408,26 @@ class FullForm(SluicedTest):
         s = self.s
         for _ in range(3):
             s.check(rule="counter", key="logged-user")
-        wait_for(lambda: "rate_limited=true rule=counter user=logged-user" in s.log_text(), timeout=5,
+        wait_for(lambda: "rate_limited=true rule=counter key=logged-user" in s.log_text(), timeout=5,
                  what="the rejection log line")
         s.check(rule="counter", key="evil\nuser=admin x")
         log = s.log_text()
         self.assertNotIn("\nuser=admin", log, "a key cannot forge a log line")
+
+
+class JsonLogs(SluicedTest):
+    def test_every_line_is_a_json_object_with_an_event(self):
+        s = self.start(FULL + '\n[log]\nformat = "json"\n')
+        for _ in range(3):
+            s.check(rule="counter", key="json user")
+        wait_for(lambda: '"rate_limited":"true"' in s.log_text(), timeout=5, what="the rejection log line")
+        lines = [json.loads(line) for line in s.log_text().splitlines() if line.startswith("{")]
+        self.assertTrue(any(l["event"] == "listening" for l in lines), lines)
+        refusal = next(l for l in lines if l.get("rate_limited") == "true")
+        self.assertEqual((refusal["level"], refusal["rule"], refusal["key"]), ("info", "counter", "json user"))
+        for l in lines:
+            self.assertIn("event", l)
+            self.assertRegex(l["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 class IetfHeaders(SluicedTest):

@@ -76,8 +76,10 @@ class Sluiced:
     def _listening_line(self):
         if self.proc.poll() is not None:
             raise AssertionError("sluiced exited early with %s:\n%s" % (self.proc.returncode, self.log_text()))
-        m = re.search(r"event=listening address=127\.0\.0\.1:(\d+)", self.log_text())
-        return m.group(1) if m else None
+        # Text logs or JSON ones ([log] format).
+        m = re.search(r'event=listening address=127\.0\.0\.1:(\d+)|"event":"listening","address":"127\.0\.0\.1:(\d+)"',
+                      self.log_text())
+        return (m.group(1) or m.group(2)) if m else None
 
     def write_config(self, text):
         # Write then rename, as an editor or config manager does, so a reload never sees half a file.

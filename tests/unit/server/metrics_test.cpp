@@ -36,6 +36,29 @@ TEST(Metrics, CountsChecksRejectionsAndLatency) {
   EXPECT_TRUE(has_line(t, "# TYPE sluice_check_duration_seconds histogram"));
 }
 
+// The buckets start below the fastest check: a check of a few µs lands in a bucket of its own size,
+// not all in the first.
+TEST(Metrics, LatencyBucketsStartBelowAnInProcessCheck) {
+  metrics m({});
+  m.record_decision("fast", "", decision{.allowed = true, .limit = 5, .remaining = 4}, 3us);
+  const std::string t = m.render({});
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="fast",le="1e-06"} 0)")) << t;
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="fast",le="2.5e-06"} 0)"));
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="fast",le="5e-06"} 1)"));
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="fast",le="1"} 1)"));
+}
+
+// A rule in force appears before its first check, at 0, so that dashboards see an idle rule.
+TEST(Metrics, RulesInForceAppearAtZero) {
+  metrics m({});
+  const std::string t = m.render({.rules = {"idle"}});
+  for (const char* result : {"allowed", "rejected", "error"}) {
+    EXPECT_TRUE(has_line(t, std::string(R"(sluice_checks_total{rule="idle",result=")") + result + "\"} 0")) << t;
+  }
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_count{rule="idle"} 0)"));
+  EXPECT_TRUE(has_line(t, R"(sluice_check_duration_seconds_bucket{rule="idle",le="+Inf"} 0)"));
+}
+
 TEST(Metrics, TenantLabelsAreCappedAndEscaped) {
   metrics m({.max_tenant_labels = 2});
   decision no{.allowed = false, .limit = 1, .dual_layer = true, .rejected_by = layer::tenant};
