@@ -25,8 +25,9 @@ build-run: deps
 # sluiced on 127.0.0.1:8080 with the in-process backend: nothing else to start.
 run: build-run
 	@echo "sluiced on http://127.0.0.1:8080 (Ctrl-C stops). Try:"
-	@echo "  curl -si --json '{\"rule\":\"api\",\"key\":\"user:42\"}' http://127.0.0.1:8080/v1/check"
-	@echo "  curl -si --json '{\"rule\":\"tenant_api\",\"tenant\":\"acme\",\"user\":\"bob\"}' http://127.0.0.1:8080/v1/check"
+	@echo "  curl -si --json '{\"rule\":\"api\",\"key\":\"user:7\"}' http://127.0.0.1:8080/v1/check"
+	@echo "  curl -s --json '{\"rule\":\"api\",\"key\":\"user:42\"}' http://127.0.0.1:8080/v1/check    # an override"
+	@echo "  curl -s --json '{\"rule\":\"tenant_api\",\"tenant\":\"globex\",\"user\":\"bob\"}' http://127.0.0.1:8080/v1/check"
 	@echo "  curl -s --json '{\"checks\":[{\"key\":\"a\"},{\"rule\":\"ai\",\"key\":\"b\",\"cost\":5}]}' http://127.0.0.1:8080/v1/check"
 	@echo "  curl -s http://127.0.0.1:8080/metrics | grep sluice_"
 	@echo "  ./build/tools/sluice demo    # the core on simulated time: the r=5/s, b=60 walk-through"
