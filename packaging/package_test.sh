@@ -57,6 +57,12 @@ if command -v systemd-analyze >/dev/null 2>&1; then
     fail "systemd-analyze verify"
   fi
   echo "package_test: systemd-analyze verify: ok"
+  # Hardened as Debian's own daemons are: an exposure of at most 1.5 (redis-server's unit: 1.2).
+  if ! systemd-analyze security --offline=yes --threshold=15 "$unit" >"$work/security.txt" 2>&1; then
+    cat "$work/security.txt"
+    fail "systemd-analyze security: exposure above 1.5"
+  fi
+  grep 'Overall exposure level' "$work/security.txt"
 else
   echo "package_test: systemd-analyze not available; unit not verified"
 fi
