@@ -10,6 +10,7 @@
 
 #include "sluice/server/config.hpp"
 #include "server/backend_factory.hpp"
+#include "server/log_format.hpp"
 #include "server/server.hpp"
 
 #ifndef SLUICE_VERSION
@@ -32,7 +33,7 @@ int main(int argc, char** argv) {
   // [log] may make them JSON once the config is read.
   auto logger = spdlog::stderr_logger_mt("sluiced");
   spdlog::set_default_logger(logger);
-  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e%z level=%l %v");
+  sluice::server::apply_log_settings({});  // text, info: until the config says otherwise
   spdlog::flush_on(spdlog::level::info);
 
   if (check_only) {

@@ -403,6 +403,28 @@ TEST(Config, LoadConfigNamesMissingFile) {
   EXPECT_EQ(c.error().message, "/nonexistent/sluice.toml: cannot open the file (No such file or directory)");
 }
 
+// [log]: its two keys read, anything else refused with the key named.
+TEST(Config, LogSection) {
+  const std::string rule = "[ratelimit]\nalgorithm = \"fixed_window\"\nlimit = 1\nwindow = 1\n";
+  auto c = parse_config(rule + "[log]\nformat = \"json\"\nlevel = \"warn\"\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->log, (log_settings{.format = "json", .level = "warn"}));
+  auto defaults = parse_config(rule, "t.toml");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->log, log_settings{});
+  const std::pair<const char*, const char*> bad[] = {
+      {"[log]\nformat = \"xml\"\n", "t.toml:2:10: format must be \"text\" or \"json\", got \"xml\""},
+      {"[log]\nlevel = \"loud\"\n", "level must be trace, debug, info, warn, error, critical or off, got \"loud\""},
+      {"[log]\nlevel = 3\n", "level must be a string"},
+      {"[log]\ncolour = true\n", "unknown key 'colour' in [log]"},
+  };
+  for (const auto& [text, message] : bad) {
+    auto e = parse_config(text, "t.toml");
+    ASSERT_FALSE(e.ok()) << text;
+    EXPECT_NE(e.error().message.find(message), std::string::npos) << e.error().message;
+  }
+}
+
 // [envoy] and grpc_listen: every option read, the directory relative to the file, errors named.
 TEST(Config, EnvoySection) {
   auto c = parse_config(R"([server]
