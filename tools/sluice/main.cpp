@@ -26,6 +26,10 @@
 
 extern char** environ;
 
+#ifndef SLUICE_VERSION
+#define SLUICE_VERSION "0.0.0"
+#endif
+
 namespace {
 
 using namespace sluice;
@@ -154,7 +158,9 @@ int http(const std::string& url, const char* method, const std::string& path, co
   auto r = std::string(method) == "GET" ? client.Get(path) : client.Post(path, body, "application/json");
   if (!r) return fail("cannot reach " + url + ": " + httplib::to_string(r.error()));
   std::cout << r->status << ' ' << r->body << '\n';
-  return r->status < 300 || r->status == 429 ? 0 : 1;
+  // The exit codes --help lists: 0 admitted (or answered), 1 refused, 3 the request refused.
+  if (r->status < 300) return 0;
+  return r->status == 429 ? 1 : 3;
 }
 
 }  // namespace
@@ -162,6 +168,10 @@ int http(const std::string& url, const char* method, const std::string& path, co
 int main(int argc, char** argv) {
   CLI::App app{"sluice: simulate rate-limit policies, and ask a running sluiced"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("sluice ") + SLUICE_VERSION);
+  app.footer(
+      "Exit codes: 0 done (check: admitted), 1 check: refused (429), 2 could not run (bad arguments or files, "
+      "sluiced unreachable), 3 sluiced refused the request (another 4xx or a 5xx).");
 
   auto* sim = app.add_subcommand("simulate", "Replay a traffic pattern against one or more policies");
   std::string pattern, traffic_file, csv_file, svg_file, png_file, step = "1s", window_of = "60s";

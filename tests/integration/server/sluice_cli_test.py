@@ -132,12 +132,22 @@ class Cli(unittest.TestCase):
         second = run("check", "--url", url, "--rule", "api", "--key", "user:42")
         self.assertTrue(second.stdout.startswith("429 "), second.stdout)
         self.assertIn('"allowed":false', second.stdout)
+        self.assertEqual(second.returncode, 1, "refused")
+        unknown = run("check", "--url", url, "--rule", "nope", "--key", "user:42")
+        self.assertTrue(unknown.stdout.startswith("404 "), unknown.stdout)
+        self.assertEqual(unknown.returncode, 3, "the request refused")
         rules = run("rules", "--url", url)
         self.assertEqual(rules.returncode, 0)
         self.assertIn('"name":"api"', rules.stdout)
         down = run("check", "--url", "http://127.0.0.1:1", "--key", "k")
         self.assertEqual(down.returncode, 2)
         self.assertIn("cannot reach", down.stderr)
+
+    def test_version_and_help_name_the_exit_codes(self):
+        version = run("--version")
+        self.assertEqual(version.returncode, 0)
+        self.assertRegex(version.stdout, r"^sluice \d+\.\d+\.\d+\n$")
+        self.assertIn("Exit codes: 0 done (check: admitted), 1 check: refused", run("--help").stdout)
 
 
 if __name__ == "__main__":
