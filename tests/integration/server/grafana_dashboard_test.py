@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Grafana dashboard (packaging/grafana/sluiced-dashboard.json) asks only for what sluiced
 exports: every metric name in its queries is a family in a real sluiced's /metrics, and every label
-it groups by is on that family's samples."""
+it groups by is on that family's samples (but `instance` and `job`, which Prometheus adds); its
+instance and job variables come from a family every instance exports from its start."""
 
 import json
 import os
@@ -55,20 +56,25 @@ class Dashboard(unittest.TestCase):
         text = s.request("GET", "/metrics").body.decode() + off.request("GET", "/metrics").body.decode()
         families = dict(re.findall(r"^# TYPE (\w+) (\w+)$", text, re.M))
         labels = {}
-        for name, body in re.findall(r"^(sluice_\w+)\{([^}]*)\}", text, re.M):
+        for name, body in re.findall(r"^((?:sluice|process)_\w+)\{([^}]*)\}", text, re.M):
             labels.setdefault(name, set()).update(re.findall(r"(\w+)=\"", body))
         checked = 0
         for title, expr in queries(dashboard):
-            for name in re.findall(r"sluice_\w+", expr):
+            for name in re.findall(r"\b(?:sluice|process)_\w+", expr):
                 family = re.sub(r"_(bucket|sum|count)$", "", name) if name not in families else name
                 self.assertIn(family, families, "%s: %s is not exported" % (title, name))
                 checked += 1
-            for grouped, name in re.findall(r"by \(([\w, ]+)\) \((?:\w+\()?(sluice_\w+)", expr):
+            for grouped, name in re.findall(r"by \(([\w, ]+)\) \((?:\w+\()?((?:sluice|process)_\w+)", expr):
+                grouped = ", ".join(g for g in grouped.split(", ") if g != "instance")  # added by Prometheus
                 if name not in labels:
                     continue  # no samples in this run (e.g. backend errors of a memory backend)
                 for label in [g.strip() for g in grouped.split(",")]:
                     self.assertIn(label, labels[name], "%s: %s has no label %s" % (title, name, label))
         self.assertGreater(checked, 10)
+        for variable in dashboard["templating"]["list"]:
+            if variable["type"] == "query":
+                self.assertIn("sluice_build_info", variable["definition"], variable["name"])
+        self.assertIn("sluice_build_info", families)
 
 
 if __name__ == "__main__":
