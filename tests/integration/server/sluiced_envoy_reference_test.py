@@ -30,7 +30,7 @@ import unittest
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sluiced_harness import RedisServer, Sluiced, wait_for  # noqa: E402
-from sluiced_grpc_interop_test import METHOD, compile_protos  # noqa: E402
+from sluiced_grpc_interop_test import compile_protos, should_rate_limit  # noqa: E402
 
 import grpc  # noqa: E402  (python3-grpcio)
 
@@ -519,11 +519,10 @@ class EnvoyReferenceScenarios(unittest.TestCase):
             backend = '[backend]\ntype = "redis"\naddresses = ["%s"]\ntimeout_ms = 2000\n' % self.redis.address
         s = Sluiced('[server]\nthreads = 2\ngrpc_listen = "127.0.0.1:0"\n%s[envoy]\nconfig_dir = "%s"\n'
                     'all_or_nothing = false\n%s' % (backend, yaml_dir.name, scenario.envoy))
-        m = wait_for(lambda: re.search(r"event=grpc_listening address=\S+ port=(\d+)", s.log_text()),
-                     what="the gRPC port")
+        port = s.grpc_port()
         if self.redis:
             wait_for(lambda: s.request("GET", "/readyz").status == 200, what="sluiced to reach Redis")
-        return s, yaml_dir, grpc.insecure_channel("127.0.0.1:%s" % m.group(1))
+        return s, yaml_dir, grpc.insecure_channel("127.0.0.1:%d" % port)
 
     @staticmethod
     def fresh_window(scenario):
@@ -569,8 +568,7 @@ class EnvoyReferenceScenarios(unittest.TestCase):
     def run_scenario(self, scenario):
         domain = re.match(r"domain: (\S+)", scenario.yaml).group(1)
         s, yaml_dir, channel = self.start(scenario)
-        call = channel.unary_unary(METHOD, request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=self.rls.RateLimitResponse.FromString)
+        call = should_rate_limit(channel, self.rls)
         try:
             self.fresh_window(scenario)
             for n, step in enumerate(scenario.steps):
@@ -598,8 +596,7 @@ class EnvoyReferenceScenarios(unittest.TestCase):
     def test_invalid_requests_are_invalid_argument(self):
         scenario = Scenario("invalid", "ratelimit_test.go TestEmptyDomain, TestEmptyDescriptors", FOO_YAML, [])
         s, yaml_dir, channel = self.start(scenario)
-        call = channel.unary_unary(METHOD, request_serializer=lambda m: m.SerializeToString(),
-                                   response_deserializer=self.rls.RateLimitResponse.FromString)
+        call = should_rate_limit(channel, self.rls)
         try:
             for domain, request in INVALID_REQUESTS:
                 with self.assertRaises(grpc.RpcError) as caught:

@@ -21,7 +21,7 @@ import unittest
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sluiced_harness import Sluiced, wait_for  # noqa: E402
+from sluiced_harness import Sluiced  # noqa: E402
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
@@ -188,9 +188,7 @@ class GrpcHostileTest(unittest.TestCase):
         env["ASAN_OPTIONS"] = (env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4:thread_local_quarantine_size_kb=64").lstrip(":")
         self.s = Sluiced('[server]\nthreads = 2\ngrpc_listen = "127.0.0.1:0"\n%s\n[envoy]\nconfig_dir = "%s"\n'
                          % (keys, self.yaml_dir.name), env=env)
-        m = wait_for(lambda: re.search(r"event=grpc_listening address=\S+ port=(\d+)", self.s.log_text()),
-                     what="the gRPC port")
-        self.port = int(m.group(1))
+        self.port = self.s.grpc_port()
         self.peers = []
         self.assertEqual(honest_call(self.port), 1)
 

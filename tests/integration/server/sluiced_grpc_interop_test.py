@@ -21,7 +21,7 @@ import unittest
 
 sys.dont_write_bytecode = True  # keep the source tree clean
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sluiced_harness import Sluiced, wait_for  # noqa: E402
+from sluiced_harness import Sluiced  # noqa: E402
 
 import grpc  # noqa: E402  (python3-grpcio)
 
@@ -46,6 +46,12 @@ def compile_protos(out_dir):
     return rls_pb2
 
 
+def should_rate_limit(channel, rls):
+    """ShouldRateLimit on `channel`, with the messages of `rls` (compile_protos)."""
+    return channel.unary_unary(METHOD, request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=rls.RateLimitResponse.FromString)
+
+
 class GrpcInteropTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -56,13 +62,9 @@ class GrpcInteropTest(unittest.TestCase):
             f.write(DOMAIN_YAML)
         cls.s = Sluiced('[server]\nthreads = 2\ngrpc_listen = "127.0.0.1:0"\n[envoy]\nconfig_dir = "%s"\n'
                         % cls.yaml_dir.name)
-        m = wait_for(lambda: re.search(r"event=grpc_listening address=\S+ port=(\d+)", cls.s.log_text()),
-                     what="the gRPC port")
-        cls.target = "127.0.0.1:%s" % m.group(1)
+        cls.target = "127.0.0.1:%d" % cls.s.grpc_port()
         cls.channel = grpc.insecure_channel(cls.target)
-        cls.should_rate_limit = cls.channel.unary_unary(
-            METHOD, request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=cls.rls.RateLimitResponse.FromString)
+        cls.should_rate_limit = should_rate_limit(cls.channel, cls.rls)
 
     @classmethod
     def tearDownClass(cls):

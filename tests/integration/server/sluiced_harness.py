@@ -81,6 +81,12 @@ class Sluiced:
                       self.log_text())
         return (m.group(1) or m.group(2)) if m else None
 
+    def grpc_port(self):
+        """The port of the gRPC server ([server] grpc_listen), once its log says it listens."""
+        m = wait_for(lambda: re.search(r"event=grpc_listening address=\S+ port=(\d+)", self.log_text()),
+                     what="the gRPC port")
+        return int(m.group(1))
+
     def write_config(self, text):
         # Write then rename, as an editor or config manager does, so a reload never sees half a file.
         tmp = self.config_path + ".tmp"
