@@ -66,6 +66,7 @@ struct check_request {
   std::string_view key;
   std::string_view tenant;
   std::string_view user;
+  /// Units the check takes. 0 looks: the decision one unit would get, recording nothing (looked()).
   std::int64_t cost = 1;
 
   /// The rule's definition. Precondition: `rule` is set.
@@ -89,8 +90,8 @@ using check_handler = std::function<void(result<decision>)>;
 inline constexpr std::size_t max_checks_per_call = 64;
 
 /// Validates the checks of one check_all() for backend `b`: 1 to max_checks_per_call of them, each
-/// valid as a check (validate) but for a cost above its rule's capacity, single-layer, and no rule
-/// and key twice.
+/// valid as a check (validate) but for a cost above its rule's capacity, single-layer, no look (cost
+/// 0), and no rule and key twice.
 result<void> validate_all(std::span<const check_request> checks, const backend& b);
 
 /// Whether `req`'s cost is above what its rule can ever admit (validate_cost's cost_exceeds_burst).

@@ -66,6 +66,13 @@ inline constexpr nanoseconds never = nanoseconds::max();
 /// process or on Redis, builds its answer here.
 decision combine_layers(const decision& tenant, const decision& user) noexcept;
 
+/// A look's answer (a check of cost 0: it records nothing) made of the decision one unit would get:
+/// admitted when one unit would be, with its retry_after otherwise, and `remaining` what is left now,
+/// before that unit (capped by the limit: an unlimited bucket reports its burst). `reset_after` is
+/// as that unit would leave the key when it would be admitted (the same for a fixed window).
+/// Applies to each layer of a dual-layer decision as it does to the decision.
+decision looked(decision one_unit) noexcept;
+
 std::string_view to_string(layer l) noexcept;
 std::string_view to_string(decision_source s) noexcept;
 

@@ -45,9 +45,11 @@ class limiter_state {
   std::variant<gcra_state, sliding_window_log_state, sliding_window_counter_state, fixed_window_state> state_;
 };
 
-/// The one place a check is decided: evaluates, and commits when allowed.
+/// The one place a check is decided: evaluates, and commits when allowed. A cost of 0 is a look
+/// (looked): one unit evaluated, nothing recorded.
 template <class State, class Params>
 decision check_and_commit(State& s, const Params& p, std::int64_t now, std::int64_t cost) {
+  if (cost == 0) return looked(s.evaluate(p, now, 1));
   decision d = s.evaluate(p, now, cost);
   if (d.allowed) s.commit(p, now, cost);
   return d;
@@ -55,10 +57,11 @@ decision check_and_commit(State& s, const Params& p, std::int64_t now, std::int6
 
 /// Both layers of a dual-layer check, all or nothing: admitted only when both admit, and then both
 /// record; a refusal records in neither, so a user refused by their own limit uses none of the
-/// tenant's and vice versa. The caller holds both states' locks.
+/// tenant's and vice versa. The caller holds both states' locks. A cost of 0 looks at both layers.
 template <class TenantState, class TenantParams, class UserState, class UserParams>
 decision check_dual_layer(TenantState& tenant, const TenantParams& tp, UserState& user, const UserParams& up,
                           std::int64_t now, std::int64_t cost) {
+  if (cost == 0) return combine_layers(looked(tenant.evaluate(tp, now, 1)), looked(user.evaluate(up, now, 1)));
   decision t = tenant.evaluate(tp, now, cost);
   decision u = user.evaluate(up, now, cost);
   if (t.allowed && u.allowed) {

@@ -46,9 +46,11 @@ result<void> validate(const check_request& req, const backend& b) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
   if (req.rule->owner() != &b) return {errc::invalid_argument, "check of a rule prepared by another backend"};
   const rule& r = req.definition();
-  if (auto v = validate_cost(r.limit, req.cost); !v) return v;
+  const bool look = req.cost == 0;  // records nothing, whatever the limits
+  if (auto v = validate_cost(r.limit, req.cost); !v && !look) return v;
   if (r.tenant) {
-    if (auto v = validate_cost(*r.tenant, req.cost); !v) return {v.error().code, "tenant layer: " + v.error().message};
+    if (auto v = validate_cost(*r.tenant, req.cost); !v && !look)
+      return {v.error().code, "tenant layer: " + v.error().message};
     if (req.tenant.empty())
       return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
     if (req.user.empty())
@@ -76,6 +78,7 @@ result<void> validate_all(std::span<const check_request> checks, const backend& 
       return {errc::invalid_argument,
               "check_all takes single-layer rules; '" + c.definition().name + "' is dual-layer"};
     }
+    if (c.cost == 0) return {errc::invalid_argument, "check_all does not look: a cost of 0 is for check()"};
     // A cost no wait admits is a refusal, not an error: the rest of the check must be valid.
     check_request rest = c;
     if (exceeds_capacity(c)) rest.cost = 1;

@@ -24,6 +24,17 @@ decision combine_layers(const decision& tenant, const decision& user) noexcept {
   return d;
 }
 
+decision looked(decision d) noexcept {
+  if (!d.allowed) return d;  // a refusal reports the key as it stands
+  auto before = [](std::int64_t remaining, std::int64_t limit) { return remaining < limit ? remaining + 1 : limit; };
+  d.remaining = before(d.remaining, d.limit);
+  if (d.dual_layer) {
+    d.tenant.remaining = before(d.tenant.remaining, d.tenant.limit);
+    d.user.remaining = before(d.user.remaining, d.user.limit);
+  }
+  return d;
+}
+
 std::string_view to_string(layer l) noexcept {
   switch (l) {
     case layer::none: return "none";

@@ -107,7 +107,7 @@ result<decision> keyed_limiter::try_acquire(std::string_view key, time_point now
 
 result<decision> keyed_limiter::acquire(std::string_view key, time_point now, std::int64_t cost,
                                         const key_limits* limits) {
-  assert(!key.empty() && key.size() <= max_key_length && cost > 0);
+  assert(!key.empty() && key.size() <= max_key_length && cost >= 0);
   const std::int64_t now_ns = to_ns(now);
   return std::visit(
       [&](auto& table) {
@@ -141,7 +141,7 @@ result<decision> keyed_limiter::try_acquire_dual(keyed_limiter& tenants, std::st
 result<decision> keyed_limiter::acquire_dual(keyed_limiter& tenants, std::string_view tenant, keyed_limiter& users,
                                              std::string_view user, time_point now, std::int64_t cost,
                                              const key_limits* tenant_limits, const key_limits* user_limits) {
-  assert(&tenants != &users && !tenant.empty() && !user.empty() && cost > 0);
+  assert(&tenants != &users && !tenant.empty() && !user.empty() && cost >= 0);
   const std::int64_t now_ns = to_ns(now);
   const std::string user_key = detail::pair_key(tenant, user);
   return std::visit(

@@ -106,7 +106,8 @@ result<std::shared_ptr<redis_prepared_rule>> engine::prepare_script(const rule& 
 void engine::async_check(const check_request& req, check_handler handler) {
   const redis_prepared_rule& prepared = prepared_of(req);
   checks_.fetch_add(1, std::memory_order_relaxed);
-  if (prepared.leases) {
+  // A look takes no lease: Redis holds the key's state (units leased out count as used).
+  if (prepared.leases && req.cost != 0) {
     prepared.leases->counters().checks.fetch_add(1, std::memory_order_relaxed);
     return leases().check(req, prepared, std::move(handler));
   }
@@ -268,6 +269,8 @@ void engine::dispatch(const op_ptr& o) {
 
 void engine::complete(const op_ptr& o, result<decision> r) {
   o->done = true;
+  // A look's script evaluated one unit and recorded nothing (scripts.cpp).
+  if (o->req.cost == 0 && r && r->source == decision_source::limiter) *r = looked(*r);
   check_handler h = std::move(o->handler);
   pending_.fetch_sub(1, std::memory_order_relaxed);
   h(std::move(r));

@@ -46,26 +46,30 @@ std::string prelude() { return time_and_deadline("ARGV[#ARGV]") + "local cost = 
 // would admit, and a layer that would have admitted but recorded nothing its unchanged state (+ cost).
 // The caller combines the two (combine_layers).
 constexpr std::string_view dual_lua = R"lua(
-local function dual(tf, uf, tk, uk, cost, t1, t2, t3, u1, u2, u3)
+local function dual(tf, uf, tk, uk, cost, record, t1, t2, t3, u1, u2, u3)
   local ta, tr, tw, tz = tf(tk, cost, t1, t2, t3, false)
   if ta == 0 then
     local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, false)
     if ua == 1 then ur = ur + cost end
     return 0, tr, tw, tz, ua, ur, uw, uz
   end
-  local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, true)
+  local ua, ur, uw, uz = uf(uk, cost, u1, u2, u3, record)
   if ua == 0 then
     return 1, tr + cost, tw, tz, 0, ur, uw, uz
   end
-  ta, tr, tw, tz = tf(tk, cost, t1, t2, t3, true)
+  if record then ta, tr, tw, tz = tf(tk, cost, t1, t2, t3, true) end
   return 1, tr, tw, tz, 1, ur, uw, uz
 end
 )lua";
 
+// A check of cost 0 looks: one unit evaluated, nothing recorded; the caller reports what is left
+// before that unit (looked()). Single-layer, dual-layer and batch scripts read it so.
+constexpr std::string_view look_lua = "local record = cost > 0\nif not record then cost = 1 end\n";
+
 constexpr std::string_view dual_main = R"lua(
 local t1, t2, t3 = tonumber(ARGV[3], 16), tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)
 local u1, u2, u3 = tonumber(ARGV[6], 16), tonumber(ARGV[7], 16), tonumber(ARGV[8], 16)
-local out = {dual(tf, uf, KEYS[1], KEYS[2], cost, t1, t2, t3, u1, u2, u3)}
+local out = {dual(tf, uf, KEYS[1], KEYS[2], cost, record, t1, t2, t3, u1, u2, u3)}
 out[9] = now
 return out
 )lua";
@@ -144,12 +148,14 @@ while a <= argc do
     n, k, a = n + 4 * count, k + count, a + 3 + 5 * count
   else
     local set, cost = sets[s], tonumber(ARGV[a + 1], 16)
+    local record = cost > 0
+    if not record then cost = 1 end
     if not set[2] then
-      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = set[1](KEYS[k], cost, set[3], set[4], set[5], true)
+      out[n + 1], out[n + 2], out[n + 3], out[n + 4] = set[1](KEYS[k], cost, set[3], set[4], set[5], record)
       n, k = n + 4, k + 1
     else
       out[n + 1], out[n + 2], out[n + 3], out[n + 4], out[n + 5], out[n + 6], out[n + 7], out[n + 8] =
-        dual(set[1], set[2], KEYS[k], KEYS[k + 1], cost, set[3], set[4], set[5], set[6], set[7], set[8])
+        dual(set[1], set[2], KEYS[k], KEYS[k + 1], cost, record, set[3], set[4], set[5], set[6], set[7], set[8])
       n, k = n + 8, k + 2
     end
     a = a + 2
@@ -284,7 +290,8 @@ std::string as_function(const algorithm_lua& a) {
 // into `return {a, b, c, d, now}`.
 std::string single(const algorithm_lua& a) {
   std::string body = prelude();
-  body += "local key, commit = KEYS[1], true\nlocal ";
+  body += look_lua;
+  body += "local key, commit = KEYS[1], record\nlocal ";
   body += a.params;
   body += " = tonumber(ARGV[3], 16), tonumber(ARGV[4], 16), tonumber(ARGV[5], 16)";
   std::string_view rest = a.body;
@@ -313,6 +320,7 @@ std::string dual(const algorithm_lua& tenant, const algorithm_lua& user) {
   body += as_function(tenant);
   if (&tenant != &user) body += as_function(user);
   body += dual_lua;
+  body += look_lua;
   body += "local tf, uf = ";
   body += tenant.name;
   body += ", ";

@@ -83,6 +83,14 @@ void metrics::record_decision(std::string_view rule, std::string_view tenant, co
   observe(r.latency.buckets, r.latency.count, r.latency.sum, latency);
 }
 
+void metrics::record_look(std::string_view rule, nanoseconds latency) {
+  shard& s = my_shard();
+  std::lock_guard lock(s.mu);
+  rule_stats& r = stats_for(s, rule);
+  ++r.looked;
+  observe(r.latency.buckets, r.latency.count, r.latency.sum, latency);
+}
+
 void metrics::record_backend_error(std::string_view rule, const error& e, nanoseconds latency) {
   shard& s = my_shard();
   std::lock_guard lock(s.mu);
@@ -112,6 +120,7 @@ std::string metrics::render(const metrics_gauges& gauges) const {
       rule_stats& m = rules_[name];
       m.allowed += r.allowed;
       m.rejected += r.rejected;
+      m.looked += r.looked;
       m.errors += r.errors;
       for (std::size_t i = 0; i < latency_buckets.size(); ++i) m.latency.buckets[i] += r.latency.buckets[i];
       m.latency.count += r.latency.count;
@@ -123,11 +132,12 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   }
   std::string out;
   out.reserve(4096);
-  header(out, "sluice_checks_total", "counter", "Checks by rule and result (allowed, rejected, error).");
+  header(out, "sluice_checks_total", "counter", "Checks by rule and result (allowed, rejected, looked: a cost of 0, error).");
   for (const auto& [rule, r] : rules_) {
     std::string prefix = "sluice_checks_total{rule=\"" + escape_label(rule) + "\",result=\"";
     sample(out, prefix + "allowed\"}", r.allowed);
     sample(out, prefix + "rejected\"}", r.rejected);
+    sample(out, prefix + "looked\"}", r.looked);
     sample(out, prefix + "error\"}", r.errors);
   }
   header(out, "sluice_rejections_total", "counter",

@@ -58,6 +58,9 @@ class metrics {
   /// `tenant` is the tenant id of a dual-layer check, else empty.
   void record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency);
 
+  /// A look (a check of cost 0) answered after `latency`: counted apart, as it decides nothing.
+  void record_look(std::string_view rule, nanoseconds latency);
+
   /// A check that failed with a backend error no failure policy answered.
   void record_backend_error(std::string_view rule, const error& e, nanoseconds latency);
 
@@ -82,6 +85,7 @@ class metrics {
   struct rule_stats {
     std::uint64_t allowed = 0;
     std::uint64_t rejected = 0;
+    std::uint64_t looked = 0;
     std::uint64_t errors = 0;
     histogram latency;
     std::map<std::pair<layer, std::string>, std::uint64_t> rejections;  // layer (none: single), tenant

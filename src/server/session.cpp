@@ -218,6 +218,10 @@ void session::finish_check() {
       spdlog::warn("event=check_failed rule={} error={}", item.rule->name, log_value(r.error().message));
       continue;
     }
+    if (item.cost == 0) {
+      svc_.stats().record_look(item.rule->name, latency);
+      continue;
+    }
     svc_.stats().record_decision(item.rule->name, item.tenant, *r, latency);
     if (!r->allowed && cfg.server.log_rejections && svc_.rejections().admit(item.rule->name)) {
       if (item.rule->is_dual_layer()) {

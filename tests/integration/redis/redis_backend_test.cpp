@@ -32,6 +32,7 @@
 #include "sluice/memory_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
 #include "unit/keyed/check_all_cases.hpp"
+#include "unit/keyed/look_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -121,7 +122,7 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
   std::uniform_int_distribution<std::int64_t> step(0, max_step.count() / 1000);
   const std::int64_t max_cost =
       std::min<std::int64_t>(3, std::min(r.limit.capacity(), r.tenant ? r.tenant->capacity() : 3));
-  std::uniform_int_distribution<std::int64_t> cost(1, max_cost);
+  std::uniform_int_distribution<std::int64_t> cost(0, max_cost);  // 0: a look
   const std::string keys[] = {"alice", "bob"};
   const std::string tenants[] = {"acme", "globex"};
   for (const auto& t : tenants) {
@@ -150,6 +151,11 @@ void compare_with_memory(redis_backend& redis, testing::simulated_clock& clock, 
 TEST_F(RedisBackendTest, CheckAllIsAllOrNothing) {
   auto b = make();
   testing::expect_check_all_semantics(*b, clock_);
+}
+
+TEST_F(RedisBackendTest, ALookAnswersAsOneUnitAndRecordsNothing) {
+  auto b = make();
+  testing::expect_look_semantics(*b, clock_);
 }
 
 TEST_F(RedisBackendTest, TokenBucketMatchesInProcess) {
@@ -190,7 +196,7 @@ TEST_F(RedisBackendTest, TokenBucketScriptMatchesTheAlgorithmAcrossRatesBurstsAn
     const gcra_params p = make_gcra_params(c.r, c.burst);
     std::map<std::string, gcra_state> states;
     std::uniform_int_distribution<std::int64_t> step(0, c.max_step_us);
-    std::uniform_int_distribution<std::int64_t> cost(1, std::max<std::int64_t>(1, c.burst / 3));
+    std::uniform_int_distribution<std::int64_t> cost(0, std::max<std::int64_t>(1, c.burst / 3));  // 0: a look
     int allowed = 0;
     for (const std::string key : {"alice", "bob"}) {
       if (c.prime == 0) break;
@@ -602,7 +608,7 @@ TEST_F(RedisBackendTest, RejectedRequestsSendNothing) {
   EXPECT_FALSE(b->check({.rule = prepared(*b, dual).get(), .tenant = "t", .user = huge}).ok());
   EXPECT_FALSE(b->check({.rule = prepared(*b, dual).get(), .tenant = "", .user = "u"}).ok());
   EXPECT_FALSE(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 6}).ok());
-  EXPECT_FALSE(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = 0}).ok());
+  EXPECT_FALSE(b->check({.rule = prepared(*b, r).get(), .key = "k", .cost = -1}).ok());
   EXPECT_FALSE(b->check({.rule = nullptr, .key = "k"}).ok());
   EXPECT_EQ(redis_->integer({"DBSIZE"}), 0);
   EXPECT_EQ(b->stats().checks, 0u);
@@ -768,7 +774,8 @@ TEST_F(RedisBackendTest, BatchedChecksDecideAsOneByOneInOrder) {
     for (int i = 0; i < 24; ++i) {
       const prepared_rule* r = twins.on_a[rng() % std::size(rules)].get();
       const std::string& id = ids[rng() % 3];
-      reqs.push_back({.rule = r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = static_cast<std::int64_t>(1 + rng() % 2)});
+      // A cost of 0 looks: in a batch, beside checks, as alone.
+      reqs.push_back({.rule = r, .key = id, .tenant = ids[rng() % 2], .user = id, .cost = static_cast<std::int64_t>(rng() % 3)});
     }
     std::vector<std::optional<result<decision>>> answers(reqs.size());
     std::size_t answered = 0;

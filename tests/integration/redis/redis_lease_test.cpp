@@ -237,6 +237,26 @@ TEST_F(RedisLeaseTest, GivenBackUnitsAreAdmittedOnTheOtherInstance) {
   EXPECT_EQ(metrics.find("sluice_lease_units_returned_total{rule=\"share\"} 0"), std::string::npos) << metrics;
 }
 
+// A look at a leased rule reads Redis's state, where units leased out count as used, and takes no
+// lease: another instance then has as much as before to lease.
+TEST_F(RedisLeaseTest, ALookTakesNoLeaseAndCountsLeasedUnitsAsUsed) {
+  auto a = make();
+  auto b = make();
+  const rule r = leased({.name = "look", .limit = fixed_window_policy(100, 60s)}, 100ms, 0.5);
+  auto pa = prepare(*a, r);
+  auto pb = prepare(*b, r);
+  clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(check(*a, *pa, "k", 0).remaining, 100);
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(check(*a, *pa, "k").allowed);
+  const decision seen = check(*b, *pb, "k", 0);
+  EXPECT_TRUE(seen.allowed);
+  EXPECT_LE(seen.remaining, 80) << "A's 20 checks, and what A leased beyond them";
+  EXPECT_EQ(check(*b, *pb, "k", 0).remaining, seen.remaining) << "looks take nothing";
+  std::string metrics;
+  b->append_metrics(metrics);
+  EXPECT_NE(metrics.find("sluice_lease_checks_total{rule=\"look\"} 0"), std::string::npos) << metrics;
+}
+
 // A token bucket's unused leased units go back by moving its TAT back (x/time/rate's Cancel): the
 // bucket is then as if only the used units had been taken.
 TEST_F(RedisLeaseTest, ATokenBucketsUnusedUnitsMoveItsTatBack) {

@@ -237,11 +237,29 @@ class FullForm(SluicedTest):
         self.assertEqual(res[3]["error"]["code"], "unknown_rule")
         self.assertEqual(res[4]["error"]["code"], "invalid_request")
         self.assertIn("layers", res[5])
-        self.assertEqual(res[6]["error"]["code"], "invalid_request")
+        self.assertEqual((res[6]["allowed"], res[6]["remaining"]), (False, 0), "a look at the spent key")
         for bad in ({"checks": []}, {"checks": {}}, {"checks": [{"key": "x"}] * 1001}, {"checks": [], "rule": "api"}):
             r = s.request("POST", "/v1/check", bad)
             self.assertEqual(r.status, 400, bad if len(json.dumps(bad)) < 200 else "big batch")
             self.assertEqual(r.json()["error"]["code"], "invalid_request")
+
+    def test_look(self):
+        # A cost of 0 answers as one unit would and takes nothing; /metrics counts it apart.
+        s = self.s
+        def looked():
+            m = re.search(r'sluice_checks_total\{rule="api",result="looked"\} (\d+)', s.request("GET", "/metrics").body.decode())
+            return int(m.group(1))
+        before = looked()
+        for _ in range(3):
+            r = s.check(rule="api", key="look:1", cost=0)
+            self.assertEqual((r.status, r.json()["allowed"], r.json()["remaining"]), (200, True, 5))
+        self.assertEqual(s.check(rule="api", key="look:1", cost=5).json()["remaining"], 0)
+        r = s.check(rule="api", key="look:1", cost=0)
+        self.assertEqual((r.status, r.json()["allowed"], r.json()["remaining"]), (429, False, 0))
+        self.assertIn("retry-after", r.headers)
+        self.assertEqual(looked(), before + 4)
+        r = s.check(rule="tenant_api", tenant="look", user="u", cost=0)
+        self.assertEqual((r.status, r.json()["allowed"]), (200, True))
 
     def assert_error(self, r, status, code):
         self.assertEqual(r.status, status, r.body)
@@ -258,7 +276,6 @@ class FullForm(SluicedTest):
             {"rule": "api", "key": 42},
             {"rule": "api", "key": key, "cost": "1"},
             {"rule": "api", "key": key, "cost": 1.5},
-            {"rule": "api", "key": key, "cost": 0},
             {"rule": "api", "key": key, "cost": -3},
             {"rule": "api", "key": key, "cost": True},
             {"rule": "api", "key": key, "cost": 6},          # larger than burst: never admissible

@@ -150,8 +150,13 @@ lease_max_share = 0.1
         self.assertEqual(a.check(rule="bucket", key="k", cost=3).json()["remaining"], 2)
         self.assertEqual(b.check(rule="bucket", key="k", cost=2).json()["remaining"], 0)
         self.assertEqual(a.check(rule="bucket", key="k").status, 429)
+        # A look answers from Redis and takes nothing.
+        r = b.check(rule="bucket", key="k", cost=0)
+        self.assertEqual((r.status, r.json()["remaining"]), (429, 0))
+        self.assertEqual(a.check(rule="bucket", key="look", cost=0).json()["remaining"], 5)
+        self.assertEqual(a.check(rule="bucket", key="look", cost=5).json()["remaining"], 0)
         # A bad request does not reach Redis.
-        self.assertEqual(a.check(rule="bucket", key="k", cost=0).status, 400)
+        self.assertEqual(a.check(rule="bucket", key="k", cost=-1).status, 400)
 
 
 class RedisOutOfMemory(unittest.TestCase):

@@ -8,6 +8,7 @@
 
 #include "sluice/testing/simulated_clock.hpp"
 #include "unit/keyed/check_all_cases.hpp"
+#include "unit/keyed/look_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -55,6 +56,8 @@ TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
 
 TEST_F(MemoryBackend, CheckAllIsAllOrNothing) { testing::expect_check_all_semantics(*backend_, clock_); }
 
+TEST_F(MemoryBackend, ALookAnswersAsOneUnitAndRecordsNothing) { testing::expect_look_semantics(*backend_, clock_); }
+
 // Keys of one call in one shard of one table: each is made before any is read (making one may move
 // the others), and all are decided under the one lock.
 TEST_F(MemoryBackend, CheckAllOfManyKeysOfOneRule) {
@@ -101,7 +104,7 @@ TEST_F(MemoryBackend, DualLayerRule) {
 TEST_F(MemoryBackend, InvalidRequestsAreErrorsAndChangeNothing) {
   EXPECT_EQ(backend_->check({.rule = nullptr, .key = "k"}).error(), errc::invalid_argument);
   EXPECT_EQ(backend_->check({.rule = api_.get(), .key = ""}).error(), errc::invalid_argument);
-  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = "k", .cost = 0}).error(), errc::invalid_argument);
+  EXPECT_EQ(backend_->check({.rule = api_.get(), .key = "k", .cost = -1}).error(), errc::invalid_argument);
   EXPECT_EQ(backend_->check({.rule = api_.get(), .key = "k", .cost = 61}).error(), errc::cost_exceeds_burst);
   EXPECT_EQ(backend_->check({.rule = api_.get(), .key = std::string(600, 'k')}).error(), errc::key_too_long);
   EXPECT_EQ(backend_->check({.rule = tenant_api_.get(), .tenant = "acme"}).error(), errc::invalid_argument);
