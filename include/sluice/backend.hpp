@@ -97,6 +97,13 @@ result<void> validate_all(std::span<const check_request> checks, const backend& 
 /// Whether `req`'s cost is above what its rule can ever admit (validate_cost's cost_exceeds_burst).
 bool exceeds_capacity(const check_request& req) noexcept;
 
+/// Validates a reset for backend `b`: a rule prepared by `b`; a single-layer rule's `key`, or a
+/// dual-layer rule's `tenant` and, when given, `user`, present and not too long. `cost` is unused.
+result<void> validate_reset(const check_request& req, const backend& b);
+
+/// How a reset ends: done, or why not (then nothing is known to have been forgotten).
+using reset_handler = std::function<void(result<void>)>;
+
 /// The decisions of a check_all(), in the order of its checks.
 using check_all_handler = std::function<void(result<std::vector<decision>>)>;
 
@@ -149,6 +156,17 @@ class backend {
   /// it runs.
   void async_check_all(std::span<const check_request> checks, check_all_handler handler);
 
+  /// Forgets what one key has used (after a successful login, or by an operator): its next check
+  /// finds it full, as a key never seen. A single-layer rule's `key`; a dual-layer rule's user of
+  /// `tenant` (`tenant` and `user`), or with `user` empty the tenant's own layer. An override's
+  /// prepared rule resets the same key as its base rule's. Blocks at most the backend's timeout.
+  /// Errors: what validate_reset refuses (nothing changes), a backend failure (whatever on_error says:
+  /// a reset is never assumed).
+  result<void> reset(const check_request& req);
+
+  /// As reset(), completing through `handler` (possibly inline, possibly on another thread).
+  void async_reset(const check_request& req, reset_handler handler);
+
   /// True when the backend can currently answer (for readiness probes).
   virtual bool ready() = 0;
 
@@ -171,6 +189,11 @@ class backend {
   virtual void async_decide(const check_request& req, check_handler handler) = 0;
   virtual result<std::vector<decision>> decide_all(std::span<const check_request> checks) = 0;
   virtual void async_decide_all(std::span<const check_request> checks, check_all_handler handler) = 0;
+
+  /// The two resets above, given requests validate_reset accepted. Default: an error saying this
+  /// backend keeps no state it can reset.
+  virtual result<void> forget(const check_request& req);
+  virtual void async_forget(const check_request& req, reset_handler handler);
 };
 
 }  // namespace sluice

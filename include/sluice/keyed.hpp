@@ -103,6 +103,12 @@ class keyed_limiter {
   /// limiters of a dual-layer check (try_acquire_dual locks them in its own order).
   static result<void> try_acquire_all(std::span<const keyed_check> checks, time_point now, std::span<decision> out);
 
+  /// Forgets `key` (a reset): its next check finds it full, as a key never seen. False when it held
+  /// nothing.
+  bool forget(std::string_view key);
+  /// As forget() for the users' limiter of a dual-layer check: `user` of `tenant`.
+  bool forget_user(std::string_view tenant, std::string_view user);
+
   const sluice::policy& policy() const noexcept;
   /// Entries held (idle ones included until dropped).
   std::size_t size() const;

@@ -42,6 +42,36 @@ void backend::async_check_all(std::span<const check_request> checks, check_all_h
   async_decide_all(checks, std::move(handler));
 }
 
+result<void> backend::reset(const check_request& req) {
+  if (auto v = validate_reset(req, *this); !v) return v;
+  return forget(req);
+}
+
+void backend::async_reset(const check_request& req, reset_handler handler) {
+  if (!handler) handler = [](result<void>) {};
+  if (auto v = validate_reset(req, *this); !v) return handler(v);
+  async_forget(req, std::move(handler));
+}
+
+result<void> backend::forget(const check_request& /*req*/) {
+  return {errc::invalid_argument, "this backend keeps no state a reset could forget"};
+}
+
+void backend::async_forget(const check_request& req, reset_handler handler) { handler(forget(req)); }
+
+result<void> validate_reset(const check_request& req, const backend& b) {
+  if (req.rule == nullptr) return {errc::invalid_argument, "reset has no rule"};
+  if (req.rule->owner() != &b) return {errc::invalid_argument, "reset of a rule prepared by another backend"};
+  const rule& r = req.definition();
+  if (!r.tenant) {
+    if (req.key.empty()) return {errc::invalid_argument, "key must not be empty for rule '" + r.name + "'"};
+    return validate_key(req.key, "key");
+  }
+  if (req.tenant.empty()) return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
+  if (auto v = validate_key(req.tenant, "tenant"); !v) return v;
+  return req.user.empty() ? result<void>{} : validate_key(req.user, "user");
+}
+
 result<void> validate(const check_request& req, const backend& b) {
   if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
   if (req.rule->owner() != &b) return {errc::invalid_argument, "check of a rule prepared by another backend"};

@@ -273,6 +273,14 @@ result<void> keyed_limiter::acquire_all(std::span<const keyed_check> checks, tim
   return {};
 }
 
+bool keyed_limiter::forget(std::string_view key) {
+  return std::visit([&](auto& t) { return t.forget(key); }, *impl_->table);
+}
+
+bool keyed_limiter::forget_user(std::string_view tenant, std::string_view user) {
+  return forget(detail::pair_key(tenant, user));
+}
+
 const policy& keyed_limiter::policy() const noexcept { return impl_->policy; }
 
 std::size_t keyed_limiter::size() const {

@@ -188,6 +188,18 @@ class keyed_table {
     return fn(*e, s.params);
   }
 
+  /// Drops `key`'s entry: the key starts again full, as one never seen. False when there was none.
+  bool forget(std::string_view key) {
+    const std::uint64_t h = hash(key);
+    shard& s = shard_for(h);
+    std::lock_guard lock(s.mutex);
+    if (s.slots.empty()) return false;
+    const std::size_t i = find(s, key, h);
+    if (i == npos) return false;
+    erase(s, i);
+    return true;
+  }
+
   /// As with_entry for a key of `first` and a key of `second`, both locked (first's shard first),
   /// calling fn(State1&, Params1&, State2&, Params2&). `first` and `second` must be different tables, and every caller
   /// must pass a given pair of tables in the same order. A refused new tenant key leaves the user

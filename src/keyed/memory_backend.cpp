@@ -113,6 +113,18 @@ class memory_backend_impl final : public memory_backend {
     handler(decide_all(checks));
   }
 
+  result<void> forget(const check_request& req) override {
+    const rule_state& s = *prepared_of(req).state;
+    if (!s.tenants) {
+      s.limiter->forget(req.key);
+    } else if (req.user.empty()) {
+      s.tenants->forget(req.tenant);
+    } else {
+      s.limiter->forget_user(req.tenant, req.user);
+    }
+    return {};
+  }
+
   bool ready() override { return true; }
   bool completes_inline() const noexcept override { return true; }
 

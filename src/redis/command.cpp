@@ -270,6 +270,14 @@ command give_back_command(const prepared_script& p, const rule& r, const check_r
   return script_call(give_back_script, {leased_key(p, r, req, key_prefix)}, now_us, args, 4);
 }
 
+command reset_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                      std::int64_t now_us) {
+  const std::string key = !p.dual          ? single_key(key_prefix, r.name, req.key, p.tag)
+                          : req.user.empty() ? tenant_key(key_prefix, r.name, req.tenant, p.tenant_tag)
+                                             : user_key(key_prefix, r.name, req.tenant, req.user, p.tag);
+  return script_call(reset_script, {key}, now_us, {}, 0);
+}
+
 void set_deadline(command& c, std::int64_t deadline_us) { write_deadline(c.text.data() + c.deadline_at, deadline_us); }
 
 std::string eval_command(const command& c, std::string_view body) {

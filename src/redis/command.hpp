@@ -151,6 +151,11 @@ command user_layer_command(const prepared_script& p, const rule& r, const check_
 command give_back_command(const prepared_script& p, const rule& r, const check_request& req,
                           std::string_view key_prefix, std::int64_t now_us, std::string_view token, std::int64_t units);
 
+/// The reset of `req`'s key (backend::reset): a single-layer rule's key, a dual-layer rule's user
+/// of a tenant, or with no user the tenant's own.
+command reset_command(const prepared_script& p, const rule& r, const check_request& req, std::string_view key_prefix,
+                      std::int64_t now_us);
+
 /// What a lease call answered.
 struct lease_reply {
   decision check;             ///< The check's decision, as an exact check reports it (+ the lease's units left).

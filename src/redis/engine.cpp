@@ -114,6 +114,22 @@ void engine::async_check(const check_request& req, check_handler handler) {
   send_check(req, &prepared, std::move(handler));
 }
 
+void engine::async_reset(const check_request& req, reset_handler handler) {
+  const redis_prepared_rule& prepared = prepared_of(req);
+  if (prepared.leases && (!prepared.call.dual || req.user.empty())) {
+    prepared.leases->forget(prepared.call.dual ? req.tenant : req.key);
+  }
+  pending_.fetch_add(1, std::memory_order_relaxed);
+  auto o = std::make_shared<op>();
+  o->req = req;
+  o->rule = &prepared;
+  o->reset = true;
+  o->alone = true;
+  o->handler = [h = std::move(handler)](result<decision> r) { h(r ? result<void>{} : result<void>(r.error())); };
+  o->call = reset_command(prepared.call, prepared.definition(), req, options_.key_prefix, now_us());
+  asio::post(strand_, [self = shared_from_this(), o = std::move(o)]() mutable { self->submit(std::move(o)); });
+}
+
 // A check sent to Redis alone (or in a batch): its op made and posted to the strand.
 void engine::send_check(const check_request& req, const redis_prepared_rule* prepared, check_handler handler) {
   if (pending_.fetch_add(1, std::memory_order_relaxed) >= options_.max_pending) {
@@ -136,6 +152,7 @@ void engine::send_check(const check_request& req, const redis_prepared_rule* pre
 }
 
 std::size_t op::script() const {
+  if (reset) return reset_script;
   if (lease) return lease->script();
   return all ? all_script : rule->call.script;
 }
@@ -270,7 +287,7 @@ void engine::dispatch(const op_ptr& o) {
 void engine::complete(const op_ptr& o, result<decision> r) {
   o->done = true;
   // A look's script evaluated one unit and recorded nothing (scripts.cpp).
-  if (o->req.cost == 0 && r && r->source == decision_source::limiter) *r = looked(*r);
+  if (o->req.cost == 0 && !o->reset && r && r->source == decision_source::limiter) *r = looked(*r);
   check_handler h = std::move(o->handler);
   pending_.fetch_sub(1, std::memory_order_relaxed);
   h(std::move(r));
@@ -290,6 +307,7 @@ void engine::fail(const op_ptr& o, errc code, std::string_view why) {
   }
   if (o->all) return complete_part(o, part_failure(*o));
   if (o->lease) return leases_.failed(o);
+  if (o->reset) return complete(o, error(code, std::string(why)));
   complete(o, failure_decision(o->req, *o->rule));
 }
 

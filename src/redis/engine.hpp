@@ -90,6 +90,9 @@ class engine : public std::enable_shared_from_this<engine>, private node_owner {
   /// A check (a check_all) that backend::async_check (async_check_all) validated.
   void async_check(const check_request& req, check_handler handler);
   void async_check_all(std::span<const check_request> checks, check_all_handler handler);
+  /// A reset that backend::async_reset validated: a leased key's leases forgotten here, then its
+  /// key deleted on Redis. A failure is an error, whatever on_error says.
+  void async_reset(const check_request& req, reset_handler handler);
   bool ready() const { return ready_.load(std::memory_order_relaxed); }
   bool cluster() const noexcept { return kind_ == topology_kind::cluster; }
   bool sentinel() const noexcept { return kind_ == topology_kind::sentinel; }

@@ -272,6 +272,20 @@ std::vector<give_back> lease_table::expire(std::int64_t now) {
   return out;
 }
 
+void lease_table::forget(std::string_view key) {
+  shard& sh = shard_of(key);
+  std::lock_guard lock(sh.mutex);
+  auto it = sh.entries.find(key);
+  if (it == sh.entries.end()) return;
+  if (!it->second.taking && it->second.waiting.empty()) {
+    sh.entries.erase(it);
+    return;
+  }
+  entry& e = it->second;
+  e.segments.clear();
+  e.refused_until = e.refused_cost = e.refill_refused_until = 0;
+}
+
 std::vector<give_back> lease_table::drain(std::int64_t now) {
   dropped_.store(true, std::memory_order_relaxed);
   std::vector<give_back> out;

@@ -128,6 +128,10 @@ class lease_table {
   /// for the calls still in flight, whose units are to be drained again when they are answered.
   std::vector<give_back> drain(std::int64_t now);
   bool dropped() const noexcept { return dropped_.load(std::memory_order_relaxed); }
+  /// Forgets `key`'s leases and remembered refusal, before its shared state is reset
+  /// (backend::reset): its next check asks Redis. Units leased are dropped, not given back (the
+  /// reset forgets them there). A lease call in flight still brings its units when answered.
+  void forget(std::string_view key);
 
  private:
   struct segment {

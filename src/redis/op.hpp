@@ -71,6 +71,7 @@ struct op {
   std::shared_ptr<all_call> all;      // a part of a check_all: then `req`, `rule` and `handler` are unused
   std::vector<std::size_t> part;      // the indices of its checks in all->reqs
   std::shared_ptr<lease_call> lease;  // a lease's call (never batched)
+  bool reset = false;                 // a reset's call (never batched): answered done or failed
 
   std::size_t script() const;  // the index of the script it calls
 };

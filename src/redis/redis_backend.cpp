@@ -49,15 +49,22 @@ class redis_backend_impl final : public redis_backend {
     }
   }
 
-  result<decision> decide(const check_request& req) override {
+  // A blocking call made of its async form, which `start` begins with the handler to complete.
+  // Refused on the backend's own io thread, where it would wait for itself.
+  template <class T, class Start>
+  result<T> wait_for(std::string_view call, Start&& start) {
     if (on_io_thread()) {
-      return {errc::invalid_argument,
-              "check() blocks and was called on the Redis backend's io thread; use async_check"};
+      return {errc::invalid_argument, std::string(call) + "() blocks and was called on the Redis backend's io thread; use async_" +
+                                          std::string(call)};
     }
-    auto p = std::make_shared<std::promise<result<decision>>>();
+    auto p = std::make_shared<std::promise<result<T>>>();
     auto f = p->get_future();
-    here().async_check(req, [p](result<decision> d) { p->set_value(std::move(d)); });
+    start([p](result<T> r) { p->set_value(std::move(r)); });
     return f.get();
+  }
+
+  result<decision> decide(const check_request& req) override {
+    return wait_for<decision>("check", [&](auto done) { here().async_check(req, std::move(done)); });
   }
 
   void async_decide(const check_request& req, check_handler handler) override {
@@ -65,18 +72,20 @@ class redis_backend_impl final : public redis_backend {
   }
 
   result<std::vector<decision>> decide_all(std::span<const check_request> checks) override {
-    if (on_io_thread()) {
-      return {errc::invalid_argument,
-              "check_all() blocks and was called on the Redis backend's io thread; use async_check_all"};
-    }
-    auto p = std::make_shared<std::promise<result<std::vector<decision>>>>();
-    auto f = p->get_future();
-    here().async_check_all(checks, [p](result<std::vector<decision>> d) { p->set_value(std::move(d)); });
-    return f.get();
+    return wait_for<std::vector<decision>>("check_all",
+                                           [&](auto done) { here().async_check_all(checks, std::move(done)); });
   }
 
   void async_decide_all(std::span<const check_request> checks, check_all_handler handler) override {
     here().async_check_all(checks, std::move(handler));
+  }
+
+  result<void> forget(const check_request& req) override {
+    return wait_for<void>("reset", [&](auto done) { here().async_reset(req, std::move(done)); });
+  }
+
+  void async_forget(const check_request& req, reset_handler handler) override {
+    here().async_reset(req, std::move(handler));
   }
 
   result<prepared_rule_ptr> prepare(const rule& r) override {

@@ -114,6 +114,12 @@ void engine::answered(node& n, const op_ptr& o, redisReply* reply, bool asking) 
     trim_inflight();
     return;
   }
+  if (o->reset) {
+    n.succeeded();
+    complete(o, decision{});
+    trim_inflight();
+    return;
+  }
   if (o->all) {
     std::vector<const prepared_script*> calls;
     for (std::size_t i : o->part) calls.push_back(&o->all->rules[i]->call);

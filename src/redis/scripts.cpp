@@ -392,6 +392,7 @@ const std::array<script, script_count>& scripts() {
     out[lease_script] = make("lease", lease_single());
     out[lease_dual_script] = make("lease_dual", lease_dual());
     out[give_back_script] = make("give_back", time_and_deadline("ARGV[#ARGV]") + std::string(give_back_main));
+    out[reset_script] = make("reset", time_and_deadline("ARGV[#ARGV]") + "return {redis.call('DEL', KEYS[1]), now}\n");
     return out;
   }();
   return all;

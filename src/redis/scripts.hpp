@@ -41,9 +41,12 @@ inline constexpr std::size_t lease_script = all_script + 1;
 inline constexpr std::size_t lease_dual_script = lease_script + 1;
 /// The script that gives a lease's unused units back.
 inline constexpr std::size_t give_back_script = lease_dual_script + 1;
-/// 4 single-layer scripts, 16 dual-layer ones, the batch script, the all-or-nothing one, and the
-/// three of leases.
-inline constexpr std::size_t script_count = give_back_script + 1;
+/// The script that forgets a key (backend::reset): KEYS[1]; ARGV[1] = now, deadline. Replies
+/// {keys deleted, now}.
+inline constexpr std::size_t reset_script = give_back_script + 1;
+/// 4 single-layer scripts, 16 dual-layer ones, the batch script, the all-or-nothing one, the three
+/// of leases and the reset.
+inline constexpr std::size_t script_count = reset_script + 1;
 
 struct script {
   std::string name;  ///< For logs and benchmarks: "token_bucket", ..., "dual_layer(sliding_window_log,token_bucket)".

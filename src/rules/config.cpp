@@ -395,7 +395,7 @@ result<void> read_grpc_limits(const section& s, envoy::grpc_limits& out) {
 
 result<void> read_server(const section& s, config& out) {
   if (auto v =
-          s.only({"listen", "threads", "log_rejections", "watch_interval_ms", "drain_timeout_ms", "max_tenant_labels",
+          s.only({"listen", "threads", "log_rejections", "admin_token", "watch_interval_ms", "drain_timeout_ms", "max_tenant_labels",
                   "max_connections", "sweep_interval_ms", "grpc_listen", "grpc_max_connections",
                   "grpc_max_concurrent_streams", "grpc_idle_timeout_ms", "grpc_max_connection_age_ms",
                   "grpc_max_connection_age_grace_ms", "grpc_write_timeout_ms", "grpc_request_timeout_ms",
@@ -414,6 +414,13 @@ result<void> read_server(const section& s, config& out) {
   auto log = s.boolean("log_rejections", false);
   if (!log) return log.error();
   out.server.log_rejections = out.server.log_rejections || *log;
+  auto token = s.string("admin_token", "");
+  if (!token) return token.error();
+  const bool printable = std::all_of(token->begin(), token->end(), [](char c) { return c > ' ' && c < 127; });
+  if (!token->empty() && (token->size() < 16 || token->size() > 256 || !printable)) {
+    return s.bad("admin_token", "must be 16 to 256 printable characters without spaces (or \"\" for no resets)");
+  }
+  out.server.admin_token = *token;
   auto watch = s.integer_or("watch_interval_ms", 1000, 0, 3'600'000);
   if (!watch) return watch.error();
   out.server.watch_interval = std::chrono::milliseconds(*watch);

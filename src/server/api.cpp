@@ -26,7 +26,8 @@ std::optional<api_error> read_string(const json& obj, const char* field, std::st
 }
 
 // Parses one check object: its shape, the rule named and the keys it takes. Never touches a backend.
-check_item parse_item(const json& j, const rule_set& rules, const rule_resolver& resolve) {
+// A reset's takes no cost, and a dual-layer rule's names its tenant and, for a user's layer, the user.
+check_item parse_item(const json& j, const rule_set& rules, const rule_resolver& resolve, bool reset = false) {
   check_item item;
   auto fail = [&](api_error e) {
     item.error = std::move(e);
@@ -35,8 +36,8 @@ check_item parse_item(const json& j, const rule_set& rules, const rule_resolver&
   if (!j.is_object()) return fail(invalid("a check must be a JSON object"));
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
-    if (k != "rule" && k != "key" && k != "tenant" && k != "user" && k != "cost") {
-      return fail(invalid("unknown field \"" + k + "\" (expected rule, key, tenant, user, cost)"));
+    if (k != "rule" && k != "key" && k != "tenant" && k != "user" && (k != "cost" || reset)) {
+      return fail(invalid("unknown field \"" + k + "\" (expected rule, key, tenant, user" + (reset ? ")" : ", cost)")));
     }
   }
   std::string rule_name = "default";
@@ -68,7 +69,7 @@ check_item parse_item(const json& j, const rule_set& rules, const rule_resolver&
   if (item.rule->is_dual_layer()) {
     if (has_key) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: send tenant and user, not key"));
     if (!has_tenant) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: tenant is missing"));
-    if (!has_user) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: user is missing"));
+    if (!has_user && !reset) return fail(invalid("rule \"" + item.rule->name + "\" is dual-layer: user is missing"));
   } else {
     if (has_tenant || has_user) {
       return fail(invalid("rule \"" + item.rule->name + "\" is single-layer: send key, not tenant/user"));
@@ -184,6 +185,18 @@ std::variant<check_batch, api_error> parse_check_body(std::string_view body, con
   if (item.error) return std::move(*item.error);
   out.items.push_back(std::move(item));
   return out;
+}
+
+std::variant<check_item, api_error> parse_reset_body(std::string_view body, const rule_set& rules) {
+  if (body.size() > max_body_bytes) {
+    return api_error{413, "payload_too_large", "the body is larger than " + std::to_string(max_body_bytes) + " bytes"};
+  }
+  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return invalid("the body is not valid JSON");
+  if (!j.is_object()) return invalid("the body must be a JSON object");
+  check_item item = parse_item(j, rules, {}, /*reset=*/true);
+  if (item.error) return std::move(*item.error);
+  return item;
 }
 
 std::string render_decision(const sluice::rule& r, const decision& d) {

@@ -81,6 +81,11 @@ using rule_resolver = std::function<const prepared_rule&(const check_item&)>;
 std::variant<check_batch, api_error> parse_check_body(std::string_view body, const rule_set& rules,
                                                       const rule_resolver& resolve = {});
 
+/// Parses a POST /v1/reset body: `rule` (default "default") and a single-layer rule's `key`, or a
+/// dual-layer rule's `tenant` and, to reset one user's layer, `user`. The item's rule is the one
+/// named: an override of a key shares its state (backend::reset).
+std::variant<check_item, api_error> parse_reset_body(std::string_view body, const rule_set& rules);
+
 /// `{"allowed":...,"rule":...,"limit":...,"remaining":...,"retry_after_ms":...,"reset_after_ms":...}`
 /// plus "layers" and "rejected_by" for dual-layer rules and "source" when not decided by the limiter.
 std::string render_decision(const sluice::rule& r, const decision& d);

@@ -91,6 +91,12 @@ void metrics::record_look(std::string_view rule, nanoseconds latency) {
   observe(r.latency.buckets, r.latency.count, r.latency.sum, latency);
 }
 
+void metrics::record_reset(std::string_view rule, bool done) {
+  shard& s = my_shard();
+  std::lock_guard lock(s.mu);
+  ++(done ? stats_for(s, rule).resets : stats_for(s, rule).resets_failed);
+}
+
 void metrics::record_backend_error(std::string_view rule, const error& e, nanoseconds latency) {
   shard& s = my_shard();
   std::lock_guard lock(s.mu);
@@ -121,6 +127,8 @@ std::string metrics::render(const metrics_gauges& gauges) const {
       m.allowed += r.allowed;
       m.rejected += r.rejected;
       m.looked += r.looked;
+      m.resets += r.resets;
+      m.resets_failed += r.resets_failed;
       m.errors += r.errors;
       for (std::size_t i = 0; i < latency_buckets.size(); ++i) m.latency.buckets[i] += r.latency.buckets[i];
       m.latency.count += r.latency.count;
@@ -139,6 +147,12 @@ std::string metrics::render(const metrics_gauges& gauges) const {
     sample(out, prefix + "rejected\"}", r.rejected);
     sample(out, prefix + "looked\"}", r.looked);
     sample(out, prefix + "error\"}", r.errors);
+  }
+  header(out, "sluice_resets_total", "counter", "Keys reset by POST /v1/reset, by rule and result (done, error).");
+  for (const auto& [rule, r] : rules_) {
+    std::string prefix = "sluice_resets_total{rule=\"" + escape_label(rule) + "\",result=\"";
+    sample(out, prefix + "done\"}", r.resets);
+    sample(out, prefix + "error\"}", r.resets_failed);
   }
   header(out, "sluice_rejections_total", "counter",
          "Refused checks by rule, refusing layer (single, tenant, user) and tenant (capped; later tenants are "

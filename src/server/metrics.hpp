@@ -61,6 +61,9 @@ class metrics {
   /// A look (a check of cost 0) answered after `latency`: counted apart, as it decides nothing.
   void record_look(std::string_view rule, nanoseconds latency);
 
+  /// A reset (POST /v1/reset) that forgot its key (`done`) or failed.
+  void record_reset(std::string_view rule, bool done);
+
   /// A check that failed with a backend error no failure policy answered.
   void record_backend_error(std::string_view rule, const error& e, nanoseconds latency);
 
@@ -86,6 +89,8 @@ class metrics {
     std::uint64_t allowed = 0;
     std::uint64_t rejected = 0;
     std::uint64_t looked = 0;
+    std::uint64_t resets = 0;
+    std::uint64_t resets_failed = 0;
     std::uint64_t errors = 0;
     histogram latency;
     std::map<std::pair<layer, std::string>, std::uint64_t> rejections;  // layer (none: single), tenant

@@ -145,6 +145,10 @@ void session::handle() {
     if (method != bhttp::verb::post) return reply_error({405, "method_not_allowed", "use POST for /v1/check"});
     return handle_check();
   }
+  if (target == "/v1/reset") {
+    if (method != bhttp::verb::post) return reply_error({405, "method_not_allowed", "use POST for /v1/reset"});
+    return handle_reset();
+  }
   if (target == "/v1/rules") {
     if (!get) return reply_error({405, "method_not_allowed", "use GET for /v1/rules"});
     return reply(bhttp::status::ok, svc_.render_rules(*svc_.current_for(worker_)), "application/json");
@@ -263,9 +267,67 @@ void session::finish_check() {
   reply(bhttp::status::ok, body, "application/json");
 }
 
+namespace {
+
+// Whether `authorization` is "Bearer <token>", compared in time independent of where they differ.
+bool bearer_matches(std::string_view authorization, std::string_view token) {
+  constexpr std::string_view scheme = "Bearer ";
+  if (authorization.size() != scheme.size() + token.size() || !authorization.starts_with(scheme)) return false;
+  unsigned char differ = 0;
+  for (std::size_t i = 0; i < token.size(); ++i) {
+    differ |= static_cast<unsigned char>(authorization[scheme.size() + i] ^ token[i]);
+  }
+  return differ == 0;
+}
+
+}  // namespace
+
+// POST /v1/reset: behind [server] admin_token; the key's state forgotten on the backend.
+void session::handle_reset() {
+  snap_ = svc_.current_for(worker_);
+  const std::string& token = snap_->cfg.server.admin_token;
+  if (token.empty()) {
+    return reply_error({403, "forbidden", "resets are off: set [server] admin_token to allow them"});
+  }
+  auto authorization = req_[bhttp::field::authorization];
+  if (!bearer_matches({authorization.data(), authorization.size()}, token)) {
+    extra_headers_ += "WWW-Authenticate: Bearer\r\n";
+    return reply_error({401, "unauthorized", "POST /v1/reset needs Authorization: Bearer <admin_token>"});
+  }
+  auto content_type = req_[bhttp::field::content_type];
+  if (!is_json_media_type({content_type.data(), content_type.size()})) {
+    return reply_error({415, "unsupported_media_type", "POST /v1/reset needs Content-Type: application/json"});
+  }
+  auto parsed = parse_reset_body(req_.body(), *snap_->rules);
+  if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
+  reset_ = std::move(std::get<check_item>(parsed));
+  clear_deadline();  // the backend has its own timeout
+  svc_.backend().async_reset(reset_.request(), [self = shared_from_this()](result<void> r) {
+    auto ex = self->socket_.get_executor();
+    asio::dispatch(ex, [self, r = std::move(r)]() mutable { self->finish_reset(std::move(r)); });
+  });
+}
+
+void session::finish_reset(result<void> r) {
+  const check_item& item = reset_;
+  svc_.stats().record_reset(item.rule->name, r.ok());
+  if (!r) {
+    spdlog::warn("event=reset_failed rule={} error={}", item.rule->name, log_value(r.error().message));
+    return reply_error(api_error_of(r.error()));
+  }
+  if (item.rule->is_dual_layer()) {
+    spdlog::info("event=reset rule={} tenant={} user={}", item.rule->name, log_value(item.tenant),
+                 log_value(item.user));
+  } else {
+    spdlog::info("event=reset rule={} key={}", item.rule->name, log_value(item.key));
+  }
+  reply(bhttp::status::ok, R"({"reset":true})", "application/json");
+}
+
 void session::reply_error(const api_error& e) {
   if (e.status == 405) {
-    extra_headers_ += req_.target().starts_with("/v1/check") ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
+    const bool post = req_.target().starts_with("/v1/check") || req_.target().starts_with("/v1/reset");
+    extra_headers_ += post ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n";
   }
   reply(static_cast<bhttp::status>(e.status), render_error(e), "application/json");
 }

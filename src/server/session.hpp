@@ -138,6 +138,8 @@ class session : public std::enable_shared_from_this<session> {
   void handle_check();
   void on_check_done(std::size_t index, result<decision> r);
   void finish_check();
+  void handle_reset();
+  void finish_reset(result<void> r);
   void reply(bhttp::status status, std::string_view body, std::string_view content_type);
   void reply_error(const api_error& e);
   void on_write(bool close, beast::error_code ec, std::size_t);
@@ -166,6 +168,7 @@ class session : public std::enable_shared_from_this<session> {
   std::vector<std::optional<result<decision>>> results_;
   std::size_t outstanding_ = 0;
   steady::time_point started_;
+  check_item reset_;  // the reset in progress: its request's views point into it
 };
 
 }  // namespace sluice::server

@@ -54,6 +54,9 @@ struct server_settings {
   /// Log every refusal as `rate_limited=true rule=... user=...`. Default: false.
   /// Also accepted as `log_rejections` in [ratelimit].
   bool log_rejections = false;
+  /// The bearer token POST /v1/reset asks for (`Authorization: Bearer <token>`), 16 to 256
+  /// printable characters; "" (the default) turns resets off (403).
+  std::string admin_token;
   /// How often the config file's modification time is checked for a reload; 0 disables the
   /// watch (SIGHUP still reloads). Default: 1 s.
   std::chrono::milliseconds watch_interval{1000};

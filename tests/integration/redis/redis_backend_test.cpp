@@ -33,6 +33,7 @@
 #include "sluice/testing/simulated_clock.hpp"
 #include "unit/keyed/check_all_cases.hpp"
 #include "unit/keyed/look_cases.hpp"
+#include "unit/keyed/reset_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -156,6 +157,18 @@ TEST_F(RedisBackendTest, CheckAllIsAllOrNothing) {
 TEST_F(RedisBackendTest, ALookAnswersAsOneUnitAndRecordsNothing) {
   auto b = make();
   testing::expect_look_semantics(*b, clock_);
+}
+
+TEST_F(RedisBackendTest, AResetKeyStartsAgainFull) {
+  auto b = make();
+  testing::expect_reset_semantics(*b);
+  // Redis down: the reset is an error, whatever on_error says (nothing is known to be forgotten).
+  redis_server other;
+  auto gone = make_redis_backend({.addresses = {other.address()}, .command_timeout = 300ms}).value();
+  auto q = prepared(*gone, {.name = "reset_down", .limit = fixed_window_policy(1, 60s)});
+  other.kill();
+  EXPECT_TRUE(gone->check({.rule = q.get(), .key = "k"}).value().allowed) << "on_error = allow";
+  EXPECT_FALSE(gone->reset({.rule = q.get(), .key = "k"}).ok());
 }
 
 TEST_F(RedisBackendTest, TokenBucketMatchesInProcess) {

@@ -23,6 +23,8 @@
 #include "redis/slot.hpp"
 #include "sluice/redis_backend.hpp"
 #include "sluice/testing/simulated_clock.hpp"
+#include "unit/keyed/look_cases.hpp"
+#include "unit/keyed/reset_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -184,6 +186,12 @@ TEST_F(RedisClusterTest, EveryAlgorithmDecidesAsOnOneRedis) {
   EXPECT_EQ(s.masters, 3u);
   EXPECT_EQ(s.protocol_errors + s.unavailable + s.timeouts, 0u);
   EXPECT_TRUE(on_cluster->ready());
+}
+
+TEST_F(RedisClusterTest, LooksAndResetsReachTheKeysMaster) {
+  auto b = make_cluster();
+  testing::expect_look_semantics(*b, clock_);
+  testing::expect_reset_semantics(*b);
 }
 
 // A check_all over several slots (no one script sees them all) first looks at each slot, and all

@@ -257,6 +257,25 @@ TEST_F(RedisLeaseTest, ALookTakesNoLeaseAndCountsLeasedUnitsAsUsed) {
   EXPECT_NE(metrics.find("sluice_lease_checks_total{rule=\"look\"} 0"), std::string::npos) << metrics;
 }
 
+// A reset forgets the key on Redis and the resetting instance's leases and refusal of it: both
+// instances then see it full, and the leases it held do not come back on top.
+TEST_F(RedisLeaseTest, AResetForgetsTheKeysLeases) {
+  auto a = make();
+  auto b = make();
+  const rule r = leased({.name = "reset", .limit = fixed_window_policy(10, 60s)}, 100ms, 0.5);
+  auto pa = prepare(*a, r);
+  auto pb = prepare(*b, r);
+  clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+  int admitted = 0;
+  while (check(*a, *pa, "k").allowed) ++admitted;
+  ASSERT_EQ(admitted, 10);
+  ASSERT_TRUE(a->reset({.rule = pa.get(), .key = "k"}).ok());
+  EXPECT_EQ(check(*b, *pb, "k", 0).remaining, 10);
+  admitted = 0;
+  for (int i = 0; i < 30; ++i) admitted += check(*(i % 2 ? a : b), *(i % 2 ? pa : pb), "k").allowed;
+  EXPECT_EQ(admitted, 10) << "the window's 10 again, and no more";
+}
+
 // A token bucket's unused leased units go back by moving its TAT back (x/time/rate's Cancel): the
 // bucket is then as if only the used units had been taken.
 TEST_F(RedisLeaseTest, ATokenBucketsUnusedUnitsMoveItsTatBack) {

@@ -36,6 +36,7 @@ FULL = """[server]
 listen = "127.0.0.1:8080"
 threads = 2
 log_rejections = true
+admin_token = "e2e-admin-token-0123"
 
 [backend]
 type = "memory"
@@ -118,6 +119,8 @@ class SeedForm(SluicedTest):
         self.assertEqual(s.check(key="user:2").status, 200)
         # Explicit rule "default" is the same limiter.
         self.assertEqual(s.check(rule="default", key="user:1").status, 429)
+        # Without [server] admin_token, resets are off.
+        self.assertEqual(s.reset("any-token-0123456789", key="user:1").status, 403)
         # IETF fields are off unless switched on.
         self.assertNotIn("ratelimit", r.headers)
         self.assertNotIn("ratelimit-policy", r.headers)
@@ -242,6 +245,38 @@ class FullForm(SluicedTest):
             r = s.request("POST", "/v1/check", bad)
             self.assertEqual(r.status, 400, bad if len(json.dumps(bad)) < 200 else "big batch")
             self.assertEqual(r.json()["error"]["code"], "invalid_request")
+
+    def test_reset(self):
+        s = self.s
+        token = "e2e-admin-token-0123"
+        self.assertEqual(s.check(rule="api", key="reset:1", cost=5).json()["remaining"], 0)
+        for bad_token in (None, "wrong-token-0123456789", token + "x", token[:-1]):
+            r = s.reset(bad_token, rule="api", key="reset:1")
+            self.assert_error(r, 401, "unauthorized")
+            self.assertEqual(r.headers["www-authenticate"], "Bearer")
+        for body, status, code in [({"rule": "api"}, 400, "invalid_request"),
+                                   ({"rule": "api", "key": "reset:1", "cost": 1}, 400, "invalid_request"),
+                                   ({"rule": "nope", "key": "reset:1"}, 404, "unknown_rule"),
+                                   ({"rule": "tenant_api", "user": "u"}, 400, "invalid_request"),
+                                   ({"rule": "api", "key": "k" * 513}, 400, "invalid_request")]:
+            self.assert_error(s.reset(token, **body), status, code)
+        self.assertEqual(s.request("GET", "/v1/reset").status, 405)
+        self.assertEqual(s.check(rule="api", key="reset:1").status, 429, "nothing refused reset the key")
+        r = s.reset(token, rule="api", key="reset:1")
+        self.assertEqual((r.status, r.json()), (200, {"reset": True}))
+        self.assertEqual(s.check(rule="api", key="reset:1").json()["remaining"], 4)
+        # Dual layer: a user's layer, then the tenant's own.
+        for user in ("u1", "u1", "u2"):
+            self.assertEqual(s.check(rule="tenant_api", tenant="rt", user=user).status, 200)
+        self.assertEqual(s.check(rule="tenant_api", tenant="rt", user="u3").json()["rejected_by"], "tenant")
+        self.assertEqual(s.reset(token, rule="tenant_api", tenant="rt").status, 200)
+        self.assertEqual(s.check(rule="tenant_api", tenant="rt", user="u1").json()["rejected_by"], "user")
+        self.assertEqual(s.reset(token, rule="tenant_api", tenant="rt", user="u1").status, 200)
+        self.assertEqual(s.check(rule="tenant_api", tenant="rt", user="u1").status, 200)
+        text = s.request("GET", "/metrics").body.decode()
+        self.assertIn('sluice_resets_total{rule="api",result="done"} 1\n', text)
+        self.assertIn('sluice_resets_total{rule="tenant_api",result="done"} 2\n', text)
+        self.assertIn("event=reset rule=api key=reset:1", s.log_text())
 
     def test_look(self):
         # A cost of 0 answers as one unit would and takes nothing; /metrics counts it apart.

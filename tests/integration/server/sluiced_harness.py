@@ -129,6 +129,11 @@ class Sluiced:
     def check(self, **fields):
         return self.request("POST", "/v1/check", fields)
 
+    def reset(self, token, **fields):
+        """POST /v1/reset with `token` as its bearer (None: no Authorization header)."""
+        headers = {"Authorization": "Bearer " + token} if token is not None else {}
+        return self.request("POST", "/v1/reset", fields, headers=headers)
+
     def client(self):
         """A second connection to this sluiced, for another thread (request() is not thread-safe)."""
         other = copy.copy(self)

@@ -23,7 +23,10 @@ from sluiced_harness import Sluiced, RedisServer, wait_for, SLUICED  # noqa: E40
 
 
 def redis_config(port, on_error="allow", prefix="sluice:"):
-    return """[backend]
+    return """[server]
+admin_token = "redis-admin-token-0123"
+
+[backend]
 type = "redis"
 addresses = ["127.0.0.1:%d"]
 key_prefix = "%s"
@@ -155,6 +158,9 @@ lease_max_share = 0.1
         self.assertEqual((r.status, r.json()["remaining"]), (429, 0))
         self.assertEqual(a.check(rule="bucket", key="look", cost=0).json()["remaining"], 5)
         self.assertEqual(a.check(rule="bucket", key="look", cost=5).json()["remaining"], 0)
+        # A reset on one instance is seen by the other; with Redis down it fails, whatever on_error says.
+        self.assertEqual(a.reset("redis-admin-token-0123", rule="bucket", key="k").status, 200)
+        self.assertEqual(b.check(rule="bucket", key="k", cost=0).json()["remaining"], 5)
         # A bad request does not reach Redis.
         self.assertEqual(a.check(rule="bucket", key="k", cost=-1).status, 400)
 
@@ -210,6 +216,10 @@ class RedisFailure(unittest.TestCase):
         statuses = [local.check(rule="bucket", key="down").status for _ in range(6)]
         self.assertEqual(statuses, [200] * 5 + [429])
         self.assertEqual(local.check(rule="bucket", key="down2").json()["source"], "local_fallback")
+        # A reset is never assumed: 503 whatever on_error says.
+        for s in (allow, local):
+            r = s.reset("redis-admin-token-0123", rule="bucket", key="down")
+            self.assertEqual((r.status, r.json()["error"]["code"]), (503, "backend_unavailable"))
         text = allow.request("GET", "/metrics").body.decode()
         self.assertRegex(text, r"sluice_fail_open_total [1-9]")
         self.assertIn("sluice_backend_ready 0", text)

@@ -9,6 +9,7 @@
 #include "sluice/testing/simulated_clock.hpp"
 #include "unit/keyed/check_all_cases.hpp"
 #include "unit/keyed/look_cases.hpp"
+#include "unit/keyed/reset_cases.hpp"
 
 namespace sluice {
 namespace {
@@ -57,6 +58,8 @@ TEST_F(MemoryBackend, ChecksPerRuleAndKey) {
 TEST_F(MemoryBackend, CheckAllIsAllOrNothing) { testing::expect_check_all_semantics(*backend_, clock_); }
 
 TEST_F(MemoryBackend, ALookAnswersAsOneUnitAndRecordsNothing) { testing::expect_look_semantics(*backend_, clock_); }
+
+TEST_F(MemoryBackend, AResetKeyStartsAgainFull) { testing::expect_reset_semantics(*backend_); }
 
 // Keys of one call in one shard of one table: each is made before any is read (making one may move
 // the others), and all are decided under the one lock.

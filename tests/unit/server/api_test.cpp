@@ -101,7 +101,7 @@ TEST(CheckBody, Errors) {
 TEST(CheckBody, ValuesAreRefusedByTheCheck) {
   test_rules c;
   for (const std::string& body :
-       std::vector<std::string>{R"({"key":"k","cost":0})", R"({"key":"k","cost":-1})", R"({"key":"k","cost":6})",
+       std::vector<std::string>{R"({"key":"k","cost":-1})", R"({"key":"k","cost":6})",
                                 R"({"key":""})", R"({"key":")" + std::string(513, 'k') + R"("})"}) {
     auto r = parse_check_body(body, *c);
     ASSERT_TRUE(std::holds_alternative<check_batch>(r)) << body;
@@ -129,6 +129,27 @@ TEST(CheckBody, BatchItemsCarryTheirOwnErrors) {
   for (std::size_t i = 0; i <= max_batch_checks; ++i) many += std::string(i ? "," : "") + R"({"key":"k"})";
   many += "]}";
   EXPECT_EQ(error_of(many, c).code, "invalid_request");
+}
+
+// A reset names a key, or a tenant and maybe a user; it takes no cost, and anything else is refused.
+TEST(ResetBody, NamesOneKeyOrLayer) {
+  test_rules c;
+  auto item = [&](std::string_view body) {
+    auto r = parse_reset_body(body, *c);
+    EXPECT_TRUE(std::holds_alternative<check_item>(r)) << body;
+    return std::holds_alternative<check_item>(r) ? std::get<check_item>(r) : check_item{};
+  };
+  EXPECT_EQ(item(R"({"key":"user:42"})").key, "user:42");
+  EXPECT_EQ(item(R"({"key":"user:42"})").rule, &c.named("default"));
+  EXPECT_EQ(item(R"({"rule":"t","tenant":"acme"})").user, "");
+  EXPECT_EQ(item(R"({"rule":"t","tenant":"acme","user":"bob"})").user, "bob");
+  for (std::string_view bad : {R"({"key":"k","cost":1})", R"({})", R"({"rule":"t","user":"bob"})",
+                               R"({"rule":"t","key":"k"})", R"({"key":7})", R"([])", R"(nope)"}) {
+    auto r = parse_reset_body(bad, *c);
+    ASSERT_TRUE(std::holds_alternative<api_error>(r)) << bad;
+    EXPECT_EQ(std::get<api_error>(r).status, 400) << bad;
+  }
+  EXPECT_EQ(std::get<api_error>(parse_reset_body(R"({"rule":"nope","key":"k"})", *c)).status, 404);
 }
 
 TEST(Render, Decision) {
