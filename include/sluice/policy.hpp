@@ -147,6 +147,9 @@ struct rule {
   /// Leases for the shared layer: the rule's limit, or a dual-layer rule's tenant layer (the user
   /// layer stays exact). Not for a sliding window log. Default: none (every check asks Redis).
   std::optional<lease_policy> lease;
+  /// Refusals only counted, never enforced (a new rule rolled out): surfaces that serve the rule
+  /// (sluiced) admit what it refuses, and say so. Backends decide as for any rule. Default: false.
+  bool shadow = false;
 
   bool is_dual_layer() const noexcept { return tenant.has_value(); }
   /// The layer `lease` applies to: a dual-layer rule's tenant layer, else `limit`.

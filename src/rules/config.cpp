@@ -289,7 +289,7 @@ result<rule> read_rule(const section& s) {
   r.name = *name;
   bool dual = s.has("tenant_limit") || s.has("user_limit");
   if (*a == algorithm::token_bucket) {
-    if (auto v = s.only({"name", "algorithm", "rate", "burst", "when_full", "lease", "lease_max_share"},
+    if (auto v = s.only({"name", "algorithm", "rate", "burst", "when_full", "lease", "lease_max_share", "shadow"},
                         "(algorithm token_bucket takes rate and burst)");
         !v) {
       return v.error();
@@ -301,7 +301,7 @@ result<rule> read_rule(const section& s) {
     r.limit = token_bucket_policy(per_second(*rate), *burst);
   } else if (dual) {
     if (auto v = s.only(
-            {"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full", "lease", "lease_max_share"},
+            {"name", "algorithm", "window", "tenant_limit", "user_limit", "when_full", "lease", "lease_max_share", "shadow"},
             "(a dual-layer rule takes window, tenant_limit and user_limit)");
         !v) {
       return v.error();
@@ -318,7 +318,7 @@ result<rule> read_rule(const section& s) {
     r.limit = window_policy(*a, *user, *window);
     r.tenant = window_policy(*a, *tenant, *window);
   } else {
-    if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full", "lease", "lease_max_share"},
+    if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full", "lease", "lease_max_share", "shadow"},
                         ("(algorithm " + std::string(to_string(*a)) + " takes limit and window)").c_str());
         !v) {
       return v.error();
@@ -329,6 +329,9 @@ result<rule> read_rule(const section& s) {
     if (!window) return window.error();
     r.limit = window_policy(*a, *limit, *window);
   }
+  auto shadow = s.boolean("shadow", false);
+  if (!shadow) return shadow.error();
+  r.shadow = *shadow;
   auto full = s.string("when_full", "evict");
   if (!full) return full.error();
   if (*full == "evict") {

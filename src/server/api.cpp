@@ -112,6 +112,7 @@ json rule_json(const rule& r) {
     j["window"] = window_text(r.limit.window);
   }
   j["when_full"] = r.when_full == when_full::refuse ? "refuse" : "evict";
+  if (r.shadow) j["shadow"] = true;
   if (r.lease) {
     j["lease"] = window_text(r.lease->period);
     j["lease_max_share"] = r.lease->max_share;
@@ -199,7 +200,13 @@ std::variant<check_item, api_error> parse_reset_body(std::string_view body, cons
   return item;
 }
 
-std::string render_decision(const sluice::rule& r, const decision& d) {
+decision shadow_admitted(decision d) noexcept {
+  d.allowed = true;
+  d.retry_after = nanoseconds(0);
+  return d;
+}
+
+std::string render_decision(const sluice::rule& r, const decision& d, bool shadow_rejected) {
   std::string out;
   out.reserve(160);
   out += d.allowed ? R"({"allowed":true,"rule":)" : R"({"allowed":false,"rule":)";
@@ -222,12 +229,13 @@ std::string render_decision(const sluice::rule& r, const decision& d) {
     out += R"(,"remaining":)";
     append_int(out, d.user.remaining < 0 ? 0 : d.user.remaining);
     out += "}}";
-    if (!d.allowed && d.rejected_by != layer::none) {
+    if ((!d.allowed || shadow_rejected) && d.rejected_by != layer::none) {
       out += R"(,"rejected_by":")";
       out += to_string(d.rejected_by);
       out += '"';
     }
   }
+  if (shadow_rejected) out += R"(,"shadow_rejected":true)";
   if (d.source != decision_source::limiter) {
     out += R"(,"source":")";
     out += to_string(d.source);

@@ -88,7 +88,12 @@ std::variant<check_item, api_error> parse_reset_body(std::string_view body, cons
 
 /// `{"allowed":...,"rule":...,"limit":...,"remaining":...,"retry_after_ms":...,"reset_after_ms":...}`
 /// plus "layers" and "rejected_by" for dual-layer rules and "source" when not decided by the limiter.
-std::string render_decision(const sluice::rule& r, const decision& d);
+/// `shadow_rejected`: `d` is a shadow rule's refusal, admitted (shadow_admitted), marked
+/// "shadow_rejected":true with the refusing layer.
+std::string render_decision(const sluice::rule& r, const decision& d, bool shadow_rejected = false);
+
+/// A shadow rule's refusal as its caller gets it: admitted, no wait, the limiter's figures.
+decision shadow_admitted(decision d) noexcept;
 
 /// `{"error":{"code":...,"message":...}}`
 std::string render_error(const api_error& e);

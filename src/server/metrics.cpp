@@ -66,14 +66,17 @@ void observe(std::array<std::uint64_t, metrics::latency_buckets.size()>& buckets
 
 }  // namespace
 
-void metrics::record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency) {
+void metrics::record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency,
+                              bool shadow) {
   std::string tenant_value;
-  if (!d.allowed && d.dual_layer) tenant_value = tenant_label(tenant);
+  if (!d.allowed && d.dual_layer && !shadow) tenant_value = tenant_label(tenant);
   shard& s = my_shard();
   std::lock_guard lock(s.mu);
   rule_stats& r = stats_for(s, rule);
   if (d.allowed) {
     ++r.allowed;
+  } else if (shadow) {
+    ++r.shadow_rejected;
   } else {
     ++r.rejected;
     layer l = d.dual_layer ? d.rejected_by : layer::none;
@@ -127,6 +130,7 @@ std::string metrics::render(const metrics_gauges& gauges) const {
       m.allowed += r.allowed;
       m.rejected += r.rejected;
       m.looked += r.looked;
+      m.shadow_rejected += r.shadow_rejected;
       m.resets += r.resets;
       m.resets_failed += r.resets_failed;
       m.errors += r.errors;
@@ -140,11 +144,12 @@ std::string metrics::render(const metrics_gauges& gauges) const {
   }
   std::string out;
   out.reserve(4096);
-  header(out, "sluice_checks_total", "counter", "Checks by rule and result (allowed, rejected, looked: a cost of 0, error).");
+  header(out, "sluice_checks_total", "counter", "Checks by rule and result (allowed, rejected, shadow_rejected: a shadow rule's refusal, admitted, looked: a cost of 0, error).");
   for (const auto& [rule, r] : rules_) {
     std::string prefix = "sluice_checks_total{rule=\"" + escape_label(rule) + "\",result=\"";
     sample(out, prefix + "allowed\"}", r.allowed);
     sample(out, prefix + "rejected\"}", r.rejected);
+    sample(out, prefix + "shadow_rejected\"}", r.shadow_rejected);
     sample(out, prefix + "looked\"}", r.looked);
     sample(out, prefix + "error\"}", r.errors);
   }

@@ -56,7 +56,9 @@ class metrics {
 
   /// A check answered with a decision (by the limiter or a failure policy) after `latency`.
   /// `tenant` is the tenant id of a dual-layer check, else empty.
-  void record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency);
+  /// A `shadow` rule's refusal counts as `shadow_rejected`: admitted, and not among the rejections.
+  void record_decision(std::string_view rule, std::string_view tenant, const decision& d, nanoseconds latency,
+                       bool shadow = false);
 
   /// A look (a check of cost 0) answered after `latency`: counted apart, as it decides nothing.
   void record_look(std::string_view rule, nanoseconds latency);
@@ -89,6 +91,7 @@ class metrics {
     std::uint64_t allowed = 0;
     std::uint64_t rejected = 0;
     std::uint64_t looked = 0;
+    std::uint64_t shadow_rejected = 0;
     std::uint64_t resets = 0;
     std::uint64_t resets_failed = 0;
     std::uint64_t errors = 0;

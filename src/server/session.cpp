@@ -226,30 +226,38 @@ void session::finish_check() {
       svc_.stats().record_look(item.rule->name, latency);
       continue;
     }
-    svc_.stats().record_decision(item.rule->name, item.tenant, *r, latency);
+    svc_.stats().record_decision(item.rule->name, item.tenant, *r, latency, item.rule->shadow);
     if (!r->allowed && cfg.server.log_rejections && svc_.rejections().admit(item.rule->name)) {
+      const std::string_view shadow = item.rule->shadow ? " shadow=true" : "";
       if (item.rule->is_dual_layer()) {
-        spdlog::info("event=check rate_limited=true rule={} tenant={} user={} rejected_by={}", item.rule->name,
-                     log_value(item.tenant), log_value(item.user), to_string(r->rejected_by));
+        spdlog::info("event=check rate_limited=true{} rule={} tenant={} user={} rejected_by={}", shadow,
+                     item.rule->name, log_value(item.tenant), log_value(item.user), to_string(r->rejected_by));
       } else {
-        spdlog::info("event=check rate_limited=true rule={} key={}", item.rule->name, log_value(item.key));
+        spdlog::info("event=check rate_limited=true{} rule={} key={}", shadow, item.rule->name, log_value(item.key));
       }
     }
   }
+  // A shadow rule's refusals are admitted from here on, marked as such.
+  auto answer = [&](std::size_t i) -> std::pair<decision, bool> {
+    const decision& d = results_[i]->value();
+    const bool shadow_rejected = batch_.items[i].rule->shadow && !d.allowed;
+    return {shadow_rejected ? shadow_admitted(d) : d, shadow_rejected};
+  };
 
   if (!batch_.batch) {
     const check_item& item = batch_.items[0];
     const result<decision>& r = *results_[0];
     if (!r) return reply_error(api_error_of(r.error()));
+    const auto [d, shadow_rejected] = answer(0);
     for (const auto& f :
-         sluice::http::rate_limit_headers(*r, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
+         sluice::http::rate_limit_headers(d, *item.rule, std::chrono::system_clock::now(), snap_->headers)) {
       extra_headers_ += f.name;
       extra_headers_ += ": ";
       extra_headers_ += f.value;
       extra_headers_ += "\r\n";
     }
-    return reply(r->allowed ? bhttp::status::ok : bhttp::status::too_many_requests, render_decision(*item.rule, *r),
-                 "application/json");
+    return reply(d.allowed ? bhttp::status::ok : bhttp::status::too_many_requests,
+                 render_decision(*item.rule, d, shadow_rejected), "application/json");
   }
   std::string body = "{\"results\":[";
   for (std::size_t i = 0; i < batch_.items.size(); ++i) {
@@ -260,7 +268,8 @@ void session::finish_check() {
     } else if (!*results_[i]) {
       body += render_error(api_error_of(results_[i]->error()));
     } else {
-      body += render_decision(*item.rule, results_[i]->value());
+      const auto [d, shadow_rejected] = answer(i);
+      body += render_decision(*item.rule, d, shadow_rejected);
     }
   }
   body += "]}";

@@ -71,6 +71,13 @@ algorithm = "sliding_window"
 window = "60s"
 tenant_limit = 3
 user_limit = 2
+
+[[rules]]
+name = "shadowed"
+algorithm = "fixed_window"
+limit = 1
+window = "1h"
+shadow = true
 """
 
 
@@ -277,6 +284,27 @@ class FullForm(SluicedTest):
         self.assertIn('sluice_resets_total{rule="api",result="done"} 1\n', text)
         self.assertIn('sluice_resets_total{rule="tenant_api",result="done"} 2\n', text)
         self.assertIn("event=reset rule=api key=reset:1", s.log_text())
+
+    def test_shadow_rule_counts_logs_and_admits(self):
+        s = self.s
+        self.assertEqual(s.check(rule="shadowed", key="sh").json()["remaining"], 0)
+        r = s.check(rule="shadowed", key="sh")
+        self.assertEqual(r.status, 200)
+        body = r.json()
+        self.assertEqual((body["allowed"], body["remaining"], body["retry_after_ms"], body["shadow_rejected"]),
+                         (True, 0, 0, True))
+        self.assertNotIn("retry-after", r.headers)
+        self.assertEqual(r.headers["x-ratelimit-remaining"], "0")
+        batch = s.request("POST", "/v1/check", {"checks": [{"rule": "shadowed", "key": "sh"}]}).json()["results"]
+        self.assertTrue(batch[0]["allowed"] and batch[0]["shadow_rejected"])
+        text = s.request("GET", "/metrics").body.decode()
+        self.assertIn('sluice_checks_total{rule="shadowed",result="shadow_rejected"} 2\n', text)
+        self.assertIn('sluice_checks_total{rule="shadowed",result="rejected"} 0\n', text)
+        wait_for(lambda: "event=check rate_limited=true shadow=true rule=shadowed key=sh" in s.log_text(),
+                 what="the shadow refusal's log line")
+        rules = {r["name"]: r for r in s.request("GET", "/v1/rules").json()["rules"]}
+        self.assertTrue(rules["shadowed"]["shadow"])
+        self.assertNotIn("shadow", rules["api"])
 
     def test_look(self):
         # A cost of 0 answers as one unit would and takes nothing; /metrics counts it apart.

@@ -227,6 +227,27 @@ TEST(Config, RuleLeases) {
   EXPECT_EQ(json->lease->period, std::chrono::milliseconds(100));
 }
 
+// shadow = true: the rule's refusals are counted and admitted; admin_token turns POST /v1/reset on.
+TEST(Config, ShadowRulesAndAdminToken) {
+  const std::string quota = "[[rules]]\nname = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n";
+  auto c = parse_config(quota + "shadow = true\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->rules.back().shadow);
+  EXPECT_FALSE(parse_config(quota, "t.toml")->rules.back().shadow);
+  expect_error(quota + "shadow = \"yes\"\n", "t.toml:6:10: shadow must be");
+  auto json = parse_rule_json("api", R"({"algorithm":"token_bucket","rate":5,"burst":10,"shadow":true})", "e");
+  ASSERT_TRUE(json.ok()) << json.error().message;
+  EXPECT_TRUE(json->shadow);
+
+  const std::string s = std::string(seed);
+  auto t = parse_config(s + "[server]\nadmin_token = \"0123456789abcdef\"\n", "t.toml");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->server.admin_token, "0123456789abcdef");
+  EXPECT_EQ(parse_config(s, "t.toml")->server.admin_token, "");
+  expect_error(s + "[server]\nadmin_token = \"short\"\n", "t.toml:9:15: admin_token must be 16 to 256");
+  expect_error(s + "[server]\nadmin_token = \"with a space 0123456\"\n", "t.toml:9:15: admin_token must be");
+}
+
 TEST(Config, ServerBackendHttpErrors) {
   const std::string s = std::string(seed);
   expect_error(s + "[server]\nlisten = \"nohost\"\n", "t.toml:9:10: listen must be \"host:port\"");
