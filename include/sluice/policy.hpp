@@ -57,12 +57,24 @@ std::string_view to_string(algorithm a) noexcept;
 std::optional<algorithm> algorithm_from_string(std::string_view s) noexcept;
 
 /// One limiter's parameters. Token bucket uses `rate` and `burst`; the windows use `limit` and `window`.
+/// A fixed window that follows the UTC calendar (quotas and billing): a day from midnight, an ISO
+/// week from Monday, a month from its first day, whatever its length (28 to 31 days).
+enum class calendar : std::uint8_t { none, day, week, month };
+
+std::string_view to_string(calendar c) noexcept;  // "", "calendar_day", "calendar_week", "calendar_month"
+
+/// The `window` of a calendar policy: a day, a week, and for a month the longest one (31 days), which
+/// bounds how long its state lives; its reset is still the month's real end.
+nanoseconds nominal_window(calendar c) noexcept;
+
 struct policy {
   sluice::algorithm algorithm = algorithm::token_bucket;
   sluice::rate rate{};     ///< Token bucket: refill rate. >= 0. Default: 0.
   std::int64_t burst = 0;  ///< Token bucket: capacity. >= 0. Default: 0.
   std::int64_t limit = 0;  ///< Windows: admissions per window. > 0. Default: 0.
   nanoseconds window{0};   ///< Windows: length. > 0. Default: 0.
+  /// Fixed window only: windows on the UTC calendar, `window` then nominal_window(calendar).
+  sluice::calendar calendar = calendar::none;
 
   /// The capacity a decision reports as `limit`: burst, or limit.
   std::int64_t capacity() const noexcept { return algorithm == algorithm::token_bucket ? burst : limit; }
@@ -80,6 +92,9 @@ inline policy sliding_window_counter_policy(std::int64_t limit, nanoseconds wind
 }
 inline policy fixed_window_policy(std::int64_t limit, nanoseconds window) {
   return {.algorithm = algorithm::fixed_window, .limit = limit, .window = window};
+}
+inline policy calendar_window_policy(std::int64_t limit, sluice::calendar c) {
+  return {.algorithm = algorithm::fixed_window, .limit = limit, .window = nominal_window(c), .calendar = c};
 }
 
 /// Checks a policy's parameters; the error names the first bad one ("burst must be >= 0, got -1").

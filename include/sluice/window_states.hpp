@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "sluice/decision.hpp"
+#include "sluice/policy.hpp"
 #include "sluice/saturating.hpp"
 
 namespace sluice {
@@ -28,7 +29,17 @@ namespace sluice {
 struct window_params {
   std::int64_t limit = 0;      ///< Admissions per window, > 0.
   std::int64_t window_ns = 0;  ///< Window length, > 0.
+  sluice::calendar calendar = calendar::none;  ///< Fixed windows only: on the UTC calendar.
 };
+
+/// The fixed window holding `t` (ns since the Unix epoch): [start, end). Aligned to multiples of
+/// the window since the epoch; on the calendar, a UTC day, an ISO week (from Monday 00:00) or a
+/// month from its first day (leap years included).
+struct window_period {
+  std::int64_t start = 0;
+  std::int64_t end = 0;
+};
+window_period fixed_period(const window_params& p, std::int64_t t) noexcept;
 
 /// Exact: at most `limit` admitted units in any window (now − W, now]. Keeps one entry (16 bytes)
 /// per admission, whatever its cost, so memory is O(admissions in a window) — at most `limit`

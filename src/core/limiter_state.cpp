@@ -9,7 +9,7 @@ compiled_policy compiled_policy::from(const policy& p) noexcept {
   if (p.algorithm == algorithm::token_bucket) {
     c.gcra = make_gcra_params(p.rate, p.burst);
   } else {
-    c.window = {.limit = p.limit, .window_ns = p.window.count()};
+    c.window = {.limit = p.limit, .window_ns = p.window.count(), .calendar = p.calendar};
   }
   return c;
 }

@@ -25,6 +25,27 @@ std::optional<algorithm> algorithm_from_string(std::string_view s) noexcept {
   return std::nullopt;
 }
 
+std::string_view to_string(calendar c) noexcept {
+  switch (c) {
+    case calendar::none: return "";
+    case calendar::day: return "calendar_day";
+    case calendar::week: return "calendar_week";
+    case calendar::month: return "calendar_month";
+  }
+  return "";
+}
+
+nanoseconds nominal_window(calendar c) noexcept {
+  using days = std::chrono::days;
+  switch (c) {
+    case calendar::none: return nanoseconds(0);
+    case calendar::day: return days(1);
+    case calendar::week: return days(7);
+    case calendar::month: return days(31);
+  }
+  return nanoseconds(0);
+}
+
 result<void> validate(const policy& p) {
   if (p.algorithm == algorithm::token_bucket) {
     if (std::isnan(p.rate.per_second) || p.rate.per_second < 0) {
@@ -34,6 +55,17 @@ result<void> validate(const policy& p) {
     return {};
   }
   if (p.limit <= 0) return {errc::invalid_argument, "limit must be > 0, got " + std::to_string(p.limit)};
+  if (p.calendar != calendar::none) {
+    if (p.algorithm != algorithm::fixed_window) {
+      return {errc::invalid_argument, std::string(to_string(p.calendar)) + " windows are for fixed_window only"};
+    }
+    if (p.window != nominal_window(p.calendar)) {
+      return {errc::invalid_argument, "a " + std::string(to_string(p.calendar)) + " window is " +
+                                          std::to_string(std::chrono::duration_cast<std::chrono::hours>(
+                                                             nominal_window(p.calendar)).count() / 24) +
+                                          " days long (calendar_window_policy)"};
+    }
+  }
   if (p.window <= nanoseconds::zero()) {
     return {errc::invalid_argument, "window must be > 0, got " + std::to_string(p.window.count()) + " ns"};
   }
@@ -70,6 +102,10 @@ result<void> validate(const rule& r) {
     }
     if (!(l.max_share > 0 && l.max_share <= 0.5)) {
       return {errc::invalid_argument, "rule '" + r.name + "': lease max_share must be > 0 and <= 0.5"};
+    }
+    if (r.leased_layer().calendar != calendar::none) {
+      // A lease's units are valid until its window ends, found from a fixed length.
+      return {errc::invalid_argument, "rule '" + r.name + "': a calendar window cannot be leased"};
     }
     if (r.leased_layer().algorithm == algorithm::sliding_window_log) {
       // A log keeps each admission's own time: units taken ahead would be logged when leased,

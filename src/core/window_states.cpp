@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sluice/window_states.hpp"
 
+#include <chrono>
 #include <limits>
 
 namespace sluice {
@@ -164,10 +165,29 @@ std::int64_t sliding_window_counter_state::idle_at(const window_params& p) const
 
 // --- fixed window -----------------------------------------------------------------------------------
 
+window_period fixed_period(const window_params& p, std::int64_t t) noexcept {
+  using namespace std::chrono;
+  constexpr std::int64_t day_ns = duration_cast<nanoseconds>(days(1)).count();
+  // Weeks since the epoch start on Thursdays; ISO weeks 4 days later, on Mondays (1970-01-05).
+  const std::int64_t shift = p.calendar == calendar::week ? 4 * day_ns : 0;
+  if (p.calendar != calendar::month) {
+    const std::int64_t start =
+        saturating::add(saturating::mul(floor_div(saturating::sub(t, shift), p.window_ns), p.window_ns), shift);
+    return {start, saturating::add(start, p.window_ns)};
+  }
+  const year_month_day date{sys_days(days(floor_div(t, day_ns)))};
+  const year_month month = date.year() / date.month();
+  auto first_day_ns = [&](year_month m) {
+    return saturating::mul(sys_days(m / 1).time_since_epoch().count(), day_ns);
+  };
+  return {first_day_ns(month), first_day_ns(month + months(1))};
+}
+
 decision fixed_window_state::evaluate(const window_params& p, std::int64_t now, std::int64_t cost) const noexcept {
-  const window_position w = locate(p, last_now, now);
-  const std::int64_t used = w.steps == 0 ? count : 0;
-  const std::int64_t to_window_end = p.window_ns - w.elapsed;
+  now = std::max(now, last_now);  // time never goes backwards
+  const window_period w = fixed_period(p, now);
+  const std::int64_t used = fixed_period(p, last_now).start == w.start ? count : 0;
+  const std::int64_t to_window_end = w.end - now;
   decision d;
   d.limit = p.limit;
   d.allowed = cost <= p.limit - used;
@@ -179,15 +199,15 @@ decision fixed_window_state::evaluate(const window_params& p, std::int64_t now, 
 }
 
 void fixed_window_state::commit(const window_params& p, std::int64_t now, std::int64_t cost) noexcept {
-  const window_position w = locate(p, last_now, now);
-  if (w.steps != 0) count = 0;
+  now = std::max(now, last_now);
+  if (fixed_period(p, last_now).start != fixed_period(p, now).start) count = 0;
   count += cost;
-  last_now = w.now;
+  last_now = now;
 }
 
 std::int64_t fixed_window_state::idle_at(const window_params& p) const noexcept {
   if (count == 0) return saturating::min;
-  return saturating::mul(saturating::add(floor_div(last_now, p.window_ns), 1), p.window_ns);
+  return fixed_period(p, last_now).end;
 }
 
 }  // namespace sluice

@@ -41,7 +41,7 @@ const Params& params_of(const Params& table_params, const keyed_limiter::key_lim
 }
 
 bool same_shape(const policy& a, const policy& b) {
-  return a.algorithm == b.algorithm && (a.algorithm == algorithm::token_bucket || a.window == b.window);
+  return a.algorithm == b.algorithm && (a.algorithm == algorithm::token_bucket || (a.window == b.window && a.calendar == b.calendar));
 }
 
 }  // namespace

@@ -203,7 +203,7 @@ class memory_backend_impl final : public memory_backend {
   // state can carry over.
   static bool same_shape(const rule& a, const rule& b) {
     auto same = [](const policy& x, const policy& y) {
-      return x.algorithm == y.algorithm && (x.algorithm == algorithm::token_bucket || x.window == y.window);
+      return x.algorithm == y.algorithm && (x.algorithm == algorithm::token_bucket || (x.window == y.window && x.calendar == y.calendar));
     };
     if (a.when_full != b.when_full || a.tenant.has_value() != b.tenant.has_value()) return false;
     return same(a.limit, b.limit) && (!a.tenant || same(*a.tenant, *b.tenant));

@@ -202,10 +202,36 @@ inline constexpr algorithm_lua sliding_window_counter_lua{"sliding_window_counte
 
 // Fixed window: two doubles (index, count; struct.pack '<dd') expiring at the end of its aligned
 // window: set by the window's first write, kept by the rest (which overwrite the value in place, as
-// the token bucket does).
-inline constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, _", R"lua(
-  local index = math.floor(now / window)
-  local to_end = window - (now - index * window)
+// the token bucket does). `calendar` (window_states.hpp's fixed_period): 0 windows aligned to the
+// epoch, 1 UTC days, 2 ISO weeks (from a Monday: 4 days after the epoch's Thursday), 3 UTC months,
+// whose index counts months since 1970 and whose end is the next month's first day (from the date,
+// by the days-from-civil arithmetic of the proleptic Gregorian calendar).
+inline constexpr algorithm_lua fixed_window_lua{"fixed_window", "limit, window, calendar", R"lua(
+  local index, to_end
+  if calendar < 3 then
+    local shifted = now
+    if calendar == 2 then shifted = now - 345600000000 end
+    index = math.floor(shifted / window)
+    to_end = window - (shifted - index * window)
+  else
+    local z = math.floor(now / 86400000000) + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local y, m = yoe + era * 400, mp + 3
+    if mp >= 10 then y, m = y + 1, mp - 9 end
+    index = (y - 1970) * 12 + m - 1
+    if m == 12 then y, m = y + 1, 1 else m = m + 1 end
+    if m <= 2 then y = y - 1 end
+    era = math.floor(y / 400)
+    yoe = y - era * 400
+    local next_mp = m - 3
+    if m <= 2 then next_mp = m + 9 end
+    doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + math.floor((153 * next_mp + 2) / 5)
+    to_end = (era * 146097 + doe - 719468) * 86400000000 - now
+  end
   local used, same = 0, false
   local v = redis.call('GET', key)
   if v and #v == 16 then

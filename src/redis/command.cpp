@@ -70,7 +70,7 @@ void append_params(std::string& out, const policy& p) {
   const std::int64_t window_us = std::min(max_window_us, w / 1000 + (w % 1000 != 0 ? 1 : 0));
   number(out, p.limit);
   number(out, window_us);
-  bulk(out, "0");
+  number(out, static_cast<std::int64_t>(p.calendar));  // fixed_window's calendar (0 for the others)
 }
 
 // The index an algorithm has in the lease and batch scripts (their `fs` tables).

@@ -36,8 +36,10 @@ std::string state_tag(const policy& p) {
     case algorithm::sliding_window_counter: name = "swc2"; break;
     case algorithm::fixed_window: name = "fw2"; break;
   }
+  // A calendar window's index counts other periods than a plain one's of the same length.
   return std::string(name) + "." +
-         std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(p.window).count());
+         std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(p.window).count()) +
+         (p.calendar == calendar::none ? "" : "." + std::string(to_string(p.calendar)));
 }
 
 std::string single_key(std::string_view prefix, std::string_view rule, std::string_view key, std::string_view tag) {

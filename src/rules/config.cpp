@@ -169,6 +169,23 @@ class section {
     return v;
   }
 
+  /// A window: a duration, or for a fixed window a period of the UTC calendar ("calendar_day",
+  /// "calendar_week", "calendar_month").
+  result<policy> window(std::string_view key, algorithm a, std::int64_t limit) const {
+    if (const toml::node* n = t_.get(key); n != nullptr && n->is_string() && n->as_string()->get().starts_with("calendar_")) {
+      const std::string& text = n->as_string()->get();
+      for (calendar c : {calendar::day, calendar::week, calendar::month}) {
+        if (text != to_string(c)) continue;
+        if (a != algorithm::fixed_window) return bad(key, text + " is for algorithm fixed_window only");
+        return calendar_window_policy(limit, c);
+      }
+      return bad(key, "must be calendar_day, calendar_week or calendar_month, got \"" + text + "\"");
+    }
+    auto d = duration(key);
+    if (!d) return d.error();
+    return policy{.algorithm = a, .limit = limit, .window = *d};
+  }
+
   result<nanoseconds> duration(std::string_view key) const {
     const toml::node* n = t_.get(key);
     if (!n) return missing(key);
@@ -230,14 +247,6 @@ bool valid_rule_name(std::string_view n) {
   return true;
 }
 
-policy window_policy(algorithm a, std::int64_t limit, nanoseconds window) {
-  policy p;
-  p.algorithm = a;
-  p.limit = limit;
-  p.window = window;
-  return p;
-}
-
 // The short form: [ratelimit] defines rule `default` (when it names an algorithm).
 result<void> read_ratelimit(const section& s, config& out) {
   if (auto v = s.only({"enabled", "algorithm", "token_rate", "token_burst", "window", "limit", "log_rejections"}); !v) {
@@ -266,9 +275,9 @@ result<void> read_ratelimit(const section& s, config& out) {
   } else {
     auto limit = s.integer("limit", 1, max_count);
     if (!limit) return limit.error();
-    auto window = s.duration("window");
+    auto window = s.window("window", *a, *limit);
     if (!window) return window.error();
-    r.limit = window_policy(*a, *limit, *window);
+    r.limit = *window;
   }
   if (auto v = validate(r); !v) return s.bad("algorithm", "gives an invalid rule: " + v.error().message);
   out.rules.push_back(std::move(r));
@@ -313,10 +322,11 @@ result<rule> read_rule(const section& s) {
     if (!tenant) return tenant.error();
     auto user = s.integer("user_limit", 1, max_count);
     if (!user) return user.error();
-    auto window = s.duration("window");
-    if (!window) return window.error();
-    r.limit = window_policy(*a, *user, *window);
-    r.tenant = window_policy(*a, *tenant, *window);
+    auto user_window = s.window("window", *a, *user);
+    if (!user_window) return user_window.error();
+    r.limit = *user_window;
+    r.tenant = *user_window;
+    r.tenant->limit = *tenant;
   } else {
     if (auto v = s.only({"name", "algorithm", "limit", "window", "when_full", "lease", "lease_max_share", "shadow"},
                         ("(algorithm " + std::string(to_string(*a)) + " takes limit and window)").c_str());
@@ -325,9 +335,9 @@ result<rule> read_rule(const section& s) {
     }
     auto limit = s.integer("limit", 1, max_count);
     if (!limit) return limit.error();
-    auto window = s.duration("window");
+    auto window = s.window("window", *a, *limit);
     if (!window) return window.error();
-    r.limit = window_policy(*a, *limit, *window);
+    r.limit = *window;
   }
   auto shadow = s.boolean("shadow", false);
   if (!shadow) return shadow.error();

@@ -96,6 +96,11 @@ std::string window_text(nanoseconds w) {
   return std::to_string(duration_cast<milliseconds>(w).count()) + "ms";
 }
 
+// A policy's window as a config writes it: its calendar period, or its length.
+std::string window_text(const policy& p) {
+  return p.calendar != calendar::none ? std::string(to_string(p.calendar)) : window_text(p.window);
+}
+
 json rule_json(const rule& r) {
   json j;
   j["name"] = r.name;
@@ -106,10 +111,10 @@ json rule_json(const rule& r) {
   } else if (r.tenant) {
     j["tenant_limit"] = r.tenant->limit;
     j["user_limit"] = r.limit.limit;
-    j["window"] = window_text(r.limit.window);
+    j["window"] = window_text(r.limit);
   } else {
     j["limit"] = r.limit.limit;
-    j["window"] = window_text(r.limit.window);
+    j["window"] = window_text(r.limit);
   }
   j["when_full"] = r.when_full == when_full::refuse ? "refuse" : "evict";
   if (r.shadow) j["shadow"] = true;

@@ -259,6 +259,20 @@ TEST_F(RedisBackendTest, FixedWindowMatchesInProcess) {
   compare_with_memory(*b, clock_, r, 300ms);
 }
 
+// Calendar windows over many month, week and day ends (1971-1972: a leap February included): the
+// script finds the same UTC periods as the in-process state.
+TEST_F(RedisBackendTest, CalendarWindowsMatchInProcess) {
+  auto b = make();
+  compare_with_memory(*b, clock_, {.name = "month", .limit = calendar_window_policy(7, calendar::month)}, 240h);
+  compare_with_memory(*b, clock_, {.name = "week", .limit = calendar_window_policy(7, calendar::week)}, 60h);
+  compare_with_memory(*b, clock_, {.name = "day", .limit = calendar_window_policy(7, calendar::day)}, 9h);
+  compare_with_memory(*b, clock_,
+                      {.name = "dual_month",
+                       .limit = fixed_window_policy(4, 24h),
+                       .tenant = calendar_window_policy(9, calendar::month)},
+                      240h);
+}
+
 TEST_F(RedisBackendTest, DualLayerMatchesInProcess) {
   auto b = make();
   rule both_logs{.name = "dual", .limit = sliding_window_policy(4, 1s), .tenant = sliding_window_policy(6, 1s)};

@@ -101,7 +101,7 @@ class Cli(unittest.TestCase):
             self.assertIn(":1:1: [[rules]] is missing 'algorithm'", r.stderr)
         r = run("config", "check", EXAMPLE)
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("ok (5 rules, 2 overrides, backend memory)", r.stdout)
+        self.assertIn("ok (6 rules, 2 overrides, backend memory)", r.stdout)
 
     def test_files_that_are_not_regular_files_are_refused_at_once(self):
         policy = ("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s")

@@ -6,6 +6,7 @@ every error code, batch, disabled limiting, metrics, hot reload (valid and inval
 Usage: SLUICED=/path/to/sluiced python3 sluiced_e2e_test.py
 """
 
+import datetime
 import json
 import os
 import re
@@ -71,6 +72,12 @@ algorithm = "sliding_window"
 window = "60s"
 tenant_limit = 3
 user_limit = 2
+
+[[rules]]
+name = "monthly"
+algorithm = "fixed_window"
+limit = 2
+window = "calendar_month"
 
 [[rules]]
 name = "shadowed"
@@ -305,6 +312,18 @@ class FullForm(SluicedTest):
         rules = {r["name"]: r for r in s.request("GET", "/v1/rules").json()["rules"]}
         self.assertTrue(rules["shadowed"]["shadow"])
         self.assertNotIn("shadow", rules["api"])
+
+    def test_calendar_month_renews_on_the_first(self):
+        s = self.s
+        now = datetime.datetime.now(datetime.timezone.utc)
+        first = datetime.datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=datetime.timezone.utc)
+        body = s.check(rule="monthly", key="m", cost=2).json()
+        self.assertAlmostEqual(body["reset_after_ms"] / 1000, (first - now).total_seconds(), delta=5)
+        r = s.check(rule="monthly", key="m")
+        self.assertEqual(r.status, 429)
+        self.assertAlmostEqual(int(r.headers["x-ratelimit-reset"]), first.timestamp(), delta=5)
+        rules = {r["name"]: r for r in s.request("GET", "/v1/rules").json()["rules"]}
+        self.assertEqual(rules["monthly"]["window"], "calendar_month")
 
     def test_look(self):
         # A cost of 0 answers as one unit would and takes nothing; /metrics counts it apart.

@@ -53,7 +53,8 @@ TEST(CheckRequest, Validation) {
   auto r = b->prepare({.name = "r", .limit = sliding_window_policy(10, 1s)}).value();
   EXPECT_TRUE(validate(check_request{.rule = r.get(), .key = "k"}, *b).ok());
   EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k", .cost = 11}, *b).error(), errc::cost_exceeds_burst);
-  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k", .cost = 0}, *b).error(), errc::invalid_argument);
+  EXPECT_EQ(validate(check_request{.rule = r.get(), .key = "k", .cost = -1}, *b).error(), errc::invalid_argument);
+  EXPECT_TRUE(validate(check_request{.rule = r.get(), .key = "k", .cost = 0}, *b).ok()) << "a look";
   EXPECT_EQ(validate(check_request{.rule = r.get(), .key = ""}, *b).error(), errc::invalid_argument);
   EXPECT_EQ(validate(check_request{.key = "k"}, *b).error(), errc::invalid_argument) << "no rule";
   auto other = make_memory_backend({}).value();

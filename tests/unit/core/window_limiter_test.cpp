@@ -270,6 +270,66 @@ namespace sluice {
 namespace {
 
 // Limits near the top of the 64-bit range neither overflow nor lose admissions.
+// --- calendar windows (UTC) ------------------------------------------------------------------------
+
+// ns since the epoch of a UTC date and time.
+std::int64_t utc(std::chrono::year_month_day date, std::chrono::hours h = std::chrono::hours(0)) {
+  return (std::chrono::sys_days(date) + h).time_since_epoch() / 1ns;
+}
+
+TEST(CalendarWindow, PeriodsFollowTheUtcCalendar) {
+  using namespace std::chrono;
+  auto period = [](calendar c, std::int64_t t) {
+    return fixed_period(compiled_policy::from(calendar_window_policy(5, c)).window, t);
+  };
+  struct month_case {
+    year_month_day inside, first, next;
+  } months[] = {
+      {2027y / January / 31, 2027y / January / 1, 2027y / February / 1},   // 31 days
+      {2027y / February / 14, 2027y / February / 1, 2027y / March / 1},    // 28 days
+      {2028y / February / 29, 2028y / February / 1, 2028y / March / 1},    // 29: a leap year
+      {2100y / February / 28, 2100y / February / 1, 2100y / March / 1},    // 28: 2100 is not one
+      {2027y / December / 31, 2027y / December / 1, 2028y / January / 1},  // the year's end
+      {1969y / December / 15, 1969y / December / 1, 1970y / January / 1},  // before the epoch
+  };
+  for (const month_case& m : months) {
+    for (std::int64_t t : {utc(m.inside, 13h), utc(m.first), utc(m.next) - 1}) {
+      const window_period p = period(calendar::month, t);
+      EXPECT_EQ(p.start, utc(m.first)) << t;
+      EXPECT_EQ(p.end, utc(m.next)) << t;
+    }
+  }
+  // ISO weeks start on Monday: 2027-01-01 is a Friday, in the week from Monday 2026-12-28.
+  EXPECT_EQ(period(calendar::week, utc(2027y / January / 1, 23h)).start, utc(2026y / December / 28));
+  EXPECT_EQ(period(calendar::week, utc(2027y / January / 3, 23h)).end, utc(2027y / January / 4));
+  EXPECT_EQ(period(calendar::week, utc(2027y / January / 4)).start, utc(2027y / January / 4));
+  EXPECT_EQ(period(calendar::week, utc(1970y / January / 1)).start, utc(1969y / December / 29));
+  EXPECT_EQ(period(calendar::day, utc(2028y / February / 29, 23h)).start, utc(2028y / February / 29));
+  EXPECT_EQ(period(calendar::day, utc(2028y / February / 29, 23h)).end, utc(2028y / March / 1));
+}
+
+TEST(CalendarWindow, AQuotaRenewsAtTheMonthsRealEnd) {
+  using namespace std::chrono;
+  const compiled_policy p = compiled_policy::from(calendar_window_policy(2, calendar::month));
+  limiter_state s = limiter_state::make(p);
+  const std::int64_t feb = utc(2028y / February / 10);
+  ASSERT_TRUE(check_and_commit(s, p, feb, 2).allowed);
+  const decision refused = check_and_commit(s, p, feb + 1, 1);
+  EXPECT_FALSE(refused.allowed);
+  EXPECT_EQ(refused.retry_after.count(), utc(2028y / March / 1) - feb - 1) << "the 29th counts";
+  EXPECT_EQ(refused.reset_after, refused.retry_after);
+  EXPECT_FALSE(check_and_commit(s, p, utc(2028y / February / 29, 23h), 1).allowed);
+  EXPECT_TRUE(check_and_commit(s, p, utc(2028y / March / 1), 2).allowed) << "a new month, a new quota";
+  EXPECT_EQ(s.idle_at(p), utc(2028y / April / 1));
+  // March's last hour is still March.
+  ASSERT_FALSE(check_and_commit(s, p, utc(2028y / March / 31, 23h), 1).allowed);
+  EXPECT_TRUE(validate(calendar_window_policy(2, calendar::week)).ok());
+  EXPECT_FALSE(validate({.algorithm = algorithm::sliding_window_log, .limit = 2, .window = days(31),
+                         .calendar = calendar::month}).ok());
+  EXPECT_FALSE(validate({.algorithm = algorithm::fixed_window, .limit = 2, .window = days(30),
+                         .calendar = calendar::month}).ok());
+}
+
 TEST(WindowLimiters, HugeLimitsDoNotOverflow) {
   constexpr std::int64_t huge = std::numeric_limits<std::int64_t>::max();
   auto q = fixed_window::create({.limit = huge, .window = std::chrono::hours(1)}).value();

@@ -227,6 +227,28 @@ TEST(Config, RuleLeases) {
   EXPECT_EQ(json->lease->period, std::chrono::milliseconds(100));
 }
 
+// window = "calendar_month" (and _week, _day): a fixed window on the UTC calendar.
+TEST(Config, CalendarWindows) {
+  const std::string quota = "[[rules]]\nname = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 100\n";
+  for (calendar c : {calendar::day, calendar::week, calendar::month}) {
+    auto cfg = parse_config(quota + "window = \"" + std::string(to_string(c)) + "\"\n", "t.toml");
+    ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+    EXPECT_EQ(cfg->rules.back().limit, calendar_window_policy(100, c));
+  }
+  auto dual = parse_config(
+      "[[rules]]\nname = \"d\"\nalgorithm = \"fixed_window\"\nwindow = \"calendar_week\"\ntenant_limit = 9\n"
+      "user_limit = 3\n",
+      "t.toml");
+  ASSERT_TRUE(dual.ok()) << dual.error().message;
+  EXPECT_EQ(*dual->rules.back().tenant, calendar_window_policy(9, calendar::week));
+  EXPECT_EQ(dual->rules.back().limit, calendar_window_policy(3, calendar::week));
+  expect_error(quota + "window = \"calendar_year\"\n", "t.toml:5:10: window must be calendar_day, calendar_week or");
+  expect_error(replace(quota, "fixed_window", "sliding_window") + "window = \"calendar_day\"\n",
+               "t.toml:5:10: window calendar_day is for algorithm fixed_window only");
+  expect_error(quota + "window = \"calendar_month\"\nlease = \"1s\"\n",
+               "t.toml:6:9: lease rule 'q': a calendar window cannot be leased");
+}
+
 // shadow = true: the rule's refusals are counted and admitted; admin_token turns POST /v1/reset on.
 TEST(Config, ShadowRulesAndAdminToken) {
   const std::string quota = "[[rules]]\nname = \"q\"\nalgorithm = \"fixed_window\"\nlimit = 100\nwindow = \"1m\"\n";
