@@ -128,7 +128,7 @@ json rule_json(const rule& r) {
 }  // namespace
 
 std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
-                         std::size_t override_count, std::uint64_t version,
+                         const std::vector<rule_override>& overrides, std::uint64_t version,
                          const std::vector<rule_source_status>& sources) {
   json out;
   out["version"] = version;
@@ -143,7 +143,20 @@ std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_
     }
     list.push_back(std::move(j));
   }
-  out["overrides"] = override_count;
+  out["overrides"] = overrides.size();
+  json& in_force = out["override_list"] = json::array();
+  for (const rule_override& o : overrides) {
+    json j{{"rule", o.rule}, {"source", o.source}};
+    if (!o.key.empty()) j["key"] = o.key;
+    if (!o.tenant.empty()) j["tenant"] = o.tenant;
+    if (!o.user.empty()) j["user"] = o.user;
+    if (o.rate) j["rate"] = *o.rate;
+    if (o.burst) j["burst"] = *o.burst;
+    if (o.limit) j["limit"] = *o.limit;
+    if (o.tenant_limit) j["tenant_limit"] = *o.tenant_limit;
+    if (o.user_limit) j["user_limit"] = *o.user_limit;
+    in_force.push_back(std::move(j));
+  }
   json& src = out["sources"] = json::array();
   for (const rule_source_status& s : sources) {
     json rejected = json::array();

@@ -108,9 +108,10 @@ api_error api_error_of(const error& e);
 decision disabled_decision(const sluice::rule& r) noexcept;
 
 /// GET /v1/rules: `{"version":...,"rules":[{"name":...,"algorithm":...,<parameters>,"source":...}],
-/// "overrides":N,"sources":[...]}`; `origins` is index-aligned with `rules`.
+/// "overrides":N,"override_list":[{"rule":...,"key"|"tenant"[,"user"]:...,<limits>,"source":...}],
+/// "sources":[...]}`; `origins` is index-aligned with `rules`, `overrides` those in force.
 std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_origin>& origins,
-                         std::size_t override_count, std::uint64_t version,
+                         const std::vector<rule_override>& overrides, std::uint64_t version,
                          const std::vector<rule_source_status>& sources);
 
 /// Milliseconds, rounded up; `never` gives one day.

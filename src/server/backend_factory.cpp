@@ -17,6 +17,15 @@ result<void> check_servable(const config& cfg) {
   return {errc::config_invalid, "unknown backend type"};
 }
 
+result<std::string> check_config_file(const std::string& path) {
+  auto cfg = load_config(path);
+  if (!cfg) return cfg.error();
+  if (auto s = check_servable(*cfg); !s) return s.error();
+  return path + ": ok (" + std::to_string(cfg->rules.size()) + " rules, " + std::to_string(cfg->overrides.size()) +
+         " overrides, backend " + std::string(to_string(cfg->backend.type)) +
+         (cfg->enabled ? "" : ", limiting disabled") + ")";
+}
+
 result<std::unique_ptr<backend>> make_backend(const backend_settings& s,
                                               std::span<boost::asio::io_context* const> io_threads) {
   if (s.type != backend_type::memory) return make_redis_backend_from(s, io_threads);

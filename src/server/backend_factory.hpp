@@ -27,4 +27,9 @@ result<std::unique_ptr<backend>> make_backend(const backend_settings& settings,
 /// rule can be computed exactly. Parsing errors are already reported by load_config.
 result<void> check_servable(const config& cfg);
 
+/// `sluiced --check-config` and `sluice config check`: the file at `path` loaded and checked
+/// servable, and the one line both print when it is ("PATH: ok (6 rules, 2 overrides, backend
+/// memory)"), or the error, whole.
+result<std::string> check_config_file(const std::string& path);
+
 }  // namespace sluice::server

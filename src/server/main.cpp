@@ -37,16 +37,12 @@ int main(int argc, char** argv) {
   spdlog::flush_on(spdlog::level::info);
 
   if (check_only) {
-    auto cfg = sluice::server::load_config(config_path);
-    if (cfg) {
-      if (auto s = sluice::server::check_servable(*cfg); !s) cfg = s.error();
-    }
-    if (!cfg) {
-      std::cerr << cfg.error().message << '\n';
+    auto checked = sluice::server::check_config_file(config_path);
+    if (!checked) {
+      std::cerr << checked.error().message << '\n';
       return 1;
     }
-    std::cout << config_path << ": ok (" << cfg->rules.size() << " rules, backend "
-              << sluice::server::to_string(cfg->backend.type) << (cfg->enabled ? "" : ", limiting disabled") << ")\n";
+    std::cout << *checked << '\n';
     return 0;
   }
   sluice::server::server_options options;

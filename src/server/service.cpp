@@ -397,7 +397,7 @@ std::vector<rule_source_status> service::sources() {
 }
 
 std::string service::render_rules(const snapshot& snap) {
-  return server::render_rules(snap.cfg.rules, snap.origins, snap.override_count, snap.rules->version(), sources());
+  return server::render_rules(snap.cfg.rules, snap.origins, snap.cfg.overrides, snap.rules->version(), sources());
 }
 
 void service::begin_drain() {

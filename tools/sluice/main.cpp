@@ -12,12 +12,14 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <functional>
 #include <thread>
 #include <iostream>
 
 #include "chart.hpp"
 #include "core/file_text.hpp"
 #include "demo.hpp"
+#include "rules_table.hpp"
 #include "simulation.hpp"
 #include "sluice/server/config.hpp"
 #include "server/backend_factory.hpp"
@@ -151,13 +153,19 @@ result<cli::simulation> replay(const std::string& url, const std::string& rule, 
                     window_ns);
 }
 
-int http(const std::string& url, const char* method, const std::string& path, const std::string& body) {
+// Asks sluiced; prints its status and body, or with `show` what it makes of a 2xx body.
+int http(const std::string& url, const char* method, const std::string& path, const std::string& body,
+         const std::function<std::string(const std::string&)>& show = {}) {
   httplib::Client client(url);
   client.set_connection_timeout(2);
   client.set_read_timeout(5);
   auto r = std::string(method) == "GET" ? client.Get(path) : client.Post(path, body, "application/json");
   if (!r) return fail("cannot reach " + url + ": " + httplib::to_string(r.error()));
-  std::cout << r->status << ' ' << r->body << '\n';
+  if (show && r->status < 300) {
+    std::cout << show(r->body);
+  } else {
+    std::cout << r->status << ' ' << r->body << '\n';
+  }
   // The exit codes --help lists: 0 admitted (or answered), 1 refused, 3 the request refused.
   if (r->status < 300) return 0;
   return r->status == 429 ? 1 : 3;
@@ -208,6 +216,8 @@ int main(int argc, char** argv) {
 
   auto* rules = app.add_subcommand("rules", "List the rules a running sluiced has in force");
   rules->add_option("--url", url, "sluiced's address");
+  bool rules_json = false;
+  rules->add_flag("--json", rules_json, "print sluiced's JSON as it comes, instead of the tables");
 
   auto* config = app.add_subcommand("config", "Work with sluiced config files");
   auto* config_check = config->add_subcommand("check", "Validate a config as sluiced --check-config does");
@@ -218,21 +228,22 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (*demo) return cli::run_demo(std::cout);
-  if (*rules) return http(url, "GET", "/v1/rules", "");
+  if (*rules) {
+    if (rules_json) return http(url, "GET", "/v1/rules", "");
+    return http(url, "GET", "/v1/rules", "", [](const std::string& body) {
+      return cli::rules_table(nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false));
+    });
+  }
   if (*check) {
     return http(url, "POST", "/v1/check", check_body(rule_name, key, tenant, user, cost));
   }
   if (*config_check) {
-    auto cfg = load_config(config_file);
-    if (cfg) {
-      if (auto s = server::check_servable(*cfg); !s) cfg = s.error();
-    }
-    if (!cfg) {
-      std::cerr << cfg.error().message << '\n';
+    auto checked = server::check_config_file(config_file);
+    if (!checked) {
+      std::cerr << checked.error().message << '\n';
       return 1;
     }
-    std::cout << config_file << ": ok (" << cfg->rules.size() << " rules, " << cfg->overrides.size()
-              << " overrides, backend " << to_string(cfg->backend.type) << ")\n";
+    std::cout << *checked << '\n';
     return 0;
   }
 

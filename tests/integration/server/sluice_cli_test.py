@@ -2,6 +2,7 @@
 """The sluice CLI as a user runs it: simulate (table, SVG), config check, and check/rules against a
 running sluiced."""
 
+import json
 import os
 import struct
 import subprocess
@@ -123,7 +124,10 @@ class Cli(unittest.TestCase):
                 self.assertIn(message, r.stderr, args)
 
     def test_check_and_rules_against_sluiced(self):
-        s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = "1h"\n')
+        s = Sluiced('[[rules]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = 1\nwindow = "1h"\n'
+                    '[[rules]]\nname = "monthly"\nalgorithm = "fixed_window"\nlimit = 9\nwindow = "calendar_month"\n'
+                    'shadow = true\n'
+                    '[[overrides]]\nrule = "api"\nkey = "vip"\nlimit = 50\n')
         self.addCleanup(s.close)
         url = "http://127.0.0.1:%d" % s.port
         first = run("check", "--url", url, "--rule", "api", "--key", "user:42")
@@ -138,7 +142,18 @@ class Cli(unittest.TestCase):
         self.assertEqual(unknown.returncode, 3, "the request refused")
         rules = run("rules", "--url", url)
         self.assertEqual(rules.returncode, 0)
-        self.assertIn('"name":"api"', rules.stdout)
+        lines = rules.stdout.splitlines()
+        self.assertEqual(lines[0].split(), ["RULE", "ALGORITHM", "LIMIT", "WINDOW", "SOURCE", "NOTES"])
+        self.assertEqual(lines[1].split(), ["api", "fixed_window", "1", "3600s", "file"])
+        self.assertEqual(lines[2].split(), ["monthly", "fixed_window", "9", "calendar_month", "file", "shadow"])
+        self.assertEqual(lines[4].split(), ["OVERRIDE", "OF", "FOR", "LIMIT", "SOURCE"])
+        self.assertEqual(lines[5].split()[:5], ["api", "key", "vip", "limit", "50"])
+        self.assertEqual(lines[1].index("fixed_window"), lines[0].index("ALGORITHM"), "columns line up")
+        as_json = run("rules", "--url", url, "--json")
+        self.assertTrue(as_json.stdout.startswith("200 "), as_json.stdout)
+        body = json.loads(as_json.stdout[4:])
+        self.assertEqual(body["overrides"], 1)
+        self.assertEqual(body["override_list"][0]["key"], "vip")
         down = run("check", "--url", "http://127.0.0.1:1", "--key", "k")
         self.assertEqual(down.returncode, 2)
         self.assertIn("cannot reach", down.stderr)

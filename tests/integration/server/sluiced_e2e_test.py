@@ -587,6 +587,8 @@ class Cli(SluicedTest):
                 f.write(SEED)
             r = self.run_cli("--check-config", "--config", path)
             self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(r.stdout, "%s: ok (1 rules, 0 overrides, backend memory)\n" % path,
+                             "the line `sluice config check` prints too")
             cases = [
                 (SEED + "bogus = 1\n", "%s:8:1: unknown key 'bogus'" % path),
                 (SEED.replace("limit = 100 ", "limit = \"many\""), "%s:7:9: limit must be an integer" % path),
