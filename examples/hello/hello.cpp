@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <sluice/memory_backend.hpp>
+#include <sluice/version.hpp>
 
 #include <chrono>
 #include <cstdio>
+#include <string_view>
 
 // 5 requests a second per key, in bursts of up to 60: the 61st in a row is refused.
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) {  // --help, --version: what this is; anything else is not understood
+    std::printf("hello (sluice %s): 61 checks of one key under 5/s, bursts of 60\n", sluice::version);
+    const std::string_view arg = argv[1];
+    return arg == "--help" || arg == "--version" ? 0 : 2;
+  }
   auto backend = sluice::make_memory_backend({}).value();  // or make_redis_backend, make_redis_cluster_backend
   sluice::rule api{.name = "api", .limit = sluice::token_bucket_policy(sluice::per_second(5), 60)};
   auto prepared = backend->prepare(api);  // once: errors name the bad parameter

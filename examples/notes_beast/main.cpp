@@ -43,6 +43,7 @@
 
 #include "sluice/http/beast.hpp"
 #include "sluice/memory_backend.hpp"
+#include "sluice/version.hpp"
 #ifdef SLUICE_EXAMPLE_WITH_REDIS
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -70,10 +71,12 @@ struct settings {
   bool shadow = false;
 };
 
+constexpr const char* usage_line =
+    "usage: notes_beast [--listen HOST:PORT] [--threads N] [--trusted-proxy CIDR]... "
+    "[--client-ip-header x-forwarded-for|forwarded] [--redis HOST:PORT] [--no-limit] [--shadow] [--help] [--version]\n";
+
 int usage(const char* why) {
-  std::cerr << "notes_beast: " << why << "\n"
-            << "usage: notes_beast [--listen HOST:PORT] [--threads N] [--trusted-proxy CIDR]... "
-               "[--client-ip-header x-forwarded-for|forwarded] [--redis HOST:PORT] [--no-limit] [--shadow]\n";
+  std::cerr << "notes_beast: " << why << "\n" << usage_line;
   return 2;
 }
 
@@ -297,6 +300,14 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (arg == "--help") {
+      std::cout << "notes_beast: a notes service behind sluice's Boost.Beast middleware\n" << usage_line;
+      return 0;
+    }
+    if (arg == "--version") {
+      std::cout << "notes_beast (sluice " << sluice::version << ")\n";
+      return 0;
+    }
     if (arg == "--listen") {
       const char* v = value();
       if (!v) return usage("--listen needs HOST:PORT");

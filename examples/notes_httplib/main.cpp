@@ -18,6 +18,7 @@
 
 #include "sluice/http/httplib.hpp"
 #include "sluice/memory_backend.hpp"
+#include "sluice/version.hpp"
 
 int main(int argc, char** argv) {
   using namespace std::chrono_literals;
@@ -37,9 +38,15 @@ int main(int argc, char** argv) {
       trusted.emplace_back(argv[++i]);
     } else if (arg == "--no-limit") {
       limit = false;
+    } else if (arg == "--version") {
+      std::cout << "notes_httplib (sluice " << sluice::version << ")\n";
+      return 0;
     } else {
-      std::cerr << "usage: notes_httplib [--listen HOST:PORT] [--trusted-proxy CIDR]... [--no-limit]\n";
-      return 2;
+      const bool help = arg == "--help";
+      (help ? std::cout : std::cerr)
+          << (help ? "notes_httplib: a notes service behind sluice's cpp-httplib middleware\n" : "")
+          << "usage: notes_httplib [--listen HOST:PORT] [--trusted-proxy CIDR]... [--no-limit] [--help] [--version]\n";
+      return help ? 0 : 2;
     }
   }
 
