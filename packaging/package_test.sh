@@ -20,8 +20,10 @@ echo "package_test: built $(basename "$deb")"
 
 contents="$(dpkg-deb -c "$deb")"
 echo "$contents"
-for path in ./usr/bin/sluiced ./usr/lib/systemd/system/sluiced.service ./etc/sluice/sluice.toml \
-            ./usr/share/doc/sluiced/examples/sluice.toml; do
+for path in ./usr/bin/sluiced ./usr/bin/sluice ./usr/lib/systemd/system/sluiced.service ./etc/sluice/sluice.toml \
+            ./usr/share/doc/sluiced/examples/sluice.toml ./usr/share/doc/sluiced/changelog.Debian.gz \
+            ./usr/share/man/man1/sluiced.1.gz ./usr/share/man/man1/sluice.1.gz \
+            ./usr/share/sluice/sluiced-dashboard.json; do
   grep -qE " ${path}\$" <<<"$contents" || fail "$path missing from the package"
 done
 grep -qE '^-rwxr-xr-x .* ./usr/bin/sluiced$' <<<"$contents" || fail "/usr/bin/sluiced is not 0755"
@@ -30,6 +32,18 @@ if grep -qE '\./usr/(include|lib/cmake)|\.a$' <<<"$contents"; then fail "library
 [ "$(dpkg-deb -f "$deb" Package)" = "sluiced" ] || fail "Package is not sluiced"
 dpkg-deb -f "$deb" Version | grep -qE '^[0-9]+\.[0-9]+\.[0-9]+' || fail "no Version"
 dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "Depends lacks the shared libraries (shlibdeps)"
+dpkg-deb -f "$deb" Depends | grep -q 'libsystemd0' || fail "Depends lacks libsystemd0 (sd_notify)"
+dpkg-deb -f "$deb" Depends | grep -q 'init-system-helpers' || fail "Depends lacks init-system-helpers"
+[ "$(dpkg-deb -f "$deb" Recommends)" = "librsvg2-bin" ] || fail "Recommends is not librsvg2-bin (--png)"
+# Maintainer scripts as dh_installsystemd writes them: enablement kept, policy-rc.d honoured.
+scripts="$work/control"
+mkdir -p "$scripts"
+dpkg-deb -e "$deb" "$scripts"
+grep -q 'deb-systemd-invoke start sluiced.service' "$scripts/postinst" || fail "postinst does not start via deb-systemd-invoke"
+grep -q 'deb-systemd-helper' "$scripts/postinst" || fail "postinst does not use deb-systemd-helper"
+grep -q 'deb-systemd-invoke stop sluiced.service' "$scripts/prerm" || fail "prerm does not stop via deb-systemd-invoke"
+grep -q 'chmod 0640 /etc/sluice/sluice.toml' "$scripts/postinst" || fail "postinst leaves the config world-readable"
+for s in postinst prerm postrm; do sh -n "$scripts/$s" || fail "$s is not valid sh"; done
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/sluice/sluice.toml ||
   fail "/etc/sluice/sluice.toml is not a conffile"
 
@@ -43,7 +57,17 @@ head -n 1 "$copyright" | grep -q '^Format: https://www.debian.org/doc/packaging-
 for licence in Apache-2.0 BSL-1.0 Expat BSD-3-clause; do
   grep -q "^License: $licence\$" "$copyright" || fail "copyright lacks $licence"
 done
-"$root/usr/bin/sluiced" --check-config --config "$root/etc/sluice/sluice.toml" || fail "packaged config invalid"
+"$root/usr/bin/sluiced" --check-config --config "$root/etc/sluice/sluice.toml" | grep -q ': ok (1 rules, 0 overrides, backend memory)$' ||
+  fail "the packaged config is not the minimal one, or invalid"
+"$root/usr/bin/sluiced" --check-config --config "$root/usr/share/doc/sluiced/examples/sluice.toml" >/dev/null ||
+  fail "the packaged example config is invalid"
+zcat "$root/usr/share/doc/sluiced/changelog.Debian.gz" | head -n 1 | grep -q "^sluiced ($(dpkg-deb -f "$deb" Version)) " ||
+  fail "the changelog does not start with this version"
+for page in sluiced sluice; do
+  zcat "$root/usr/share/man/man1/$page.1.gz" | grep -q '^\.SH DESCRIPTION' || fail "man page $page has no DESCRIPTION"
+done
+zcat "$root/usr/share/man/man1/sluice.1.gz" | grep -q 'Exit codes' || fail "sluice(1) lacks the exit codes"
+grep -qx 'Type=notify' "$root/usr/lib/systemd/system/sluiced.service" || fail "the unit is not Type=notify"
 
 if command -v systemd-analyze >/dev/null 2>&1; then
   # Verify a copy whose paths point into the unpacked tree, so that ExecStart's binary exists.

@@ -5,6 +5,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <systemd/sd-daemon.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -48,5 +49,8 @@ int main(int argc, char** argv) {
   sluice::server::server_options options;
   options.config_path = config_path;
   if (!listen.empty()) options.listen = listen;
+  // Under systemd (Type=notify) the unit is started once sluiced serves; elsewhere NOTIFY_SOCKET is
+  // unset and sd_notify does nothing.
+  options.notify = [](std::string_view state) { sd_notify(0, std::string(state).c_str()); };
   return sluice::server::run(options);
 }

@@ -94,6 +94,7 @@ int run(const server_options& options) {
       return 1;
     }
     service svc(options.config_path, std::move(workers), std::move(built->snap), std::move(*b));
+    svc.set_notify(options.notify);
     stop_before_return.io_threads = nullptr;  // the service's own destructor does it now
     if (etcd.enabled) {
       if (auto started = svc.start_etcd(etcd); !started) {

@@ -11,8 +11,10 @@
 // Thread-safe: run() is called once per process; it owns its threads.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace sluice::server {
 
@@ -21,6 +23,10 @@ struct server_options {
   std::string config_path;
   /// Overrides [server] listen ("host:port"). Default: none.
   std::optional<std::string> listen;
+  /// Told each change of state, in sd_notify's words: "READY=1" once serving, "RELOADING=1" then
+  /// "READY=1" around a reload, "STOPPING=1" when draining. sluiced passes systemd's sd_notify
+  /// (Type=notify); the library itself does not depend on systemd. Default: none.
+  std::function<void(std::string_view state)> notify;
 };
 
 /// Loads the config, listens, serves until SIGTERM/SIGINT, drains in-flight requests and returns

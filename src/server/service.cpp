@@ -94,6 +94,7 @@ int service::run(const tcp::endpoint& endpoint) {
   wait_signal();
   arm_watch(snap->cfg.server.watch_interval);
   arm_housekeeping();
+  tell("READY=1");
 
   std::vector<std::thread> pool;
   for (auto& w : workers_) pool.emplace_back([this, &io = w->io] { run_guarded(io); });
@@ -258,6 +259,11 @@ std::string removed_rules(const std::vector<rule>& before, const config& after) 
 // seen by the watch that removes rules waits until the file has held still for settle_removal.
 void service::reload(std::string_view trigger) {
   std::lock_guard reload_lock(reload_mu_);
+  tell("RELOADING=1");
+  struct ready_again {
+    service& s;
+    ~ready_again() { s.tell("READY=1"); }
+  } ready{*this};
   const config_file_watch::stamp read = config_file_.current();
   auto loaded = load_config(config_file_.path());
   if (loaded) {
@@ -402,6 +408,7 @@ std::string service::render_rules(const snapshot& snap) {
 
 void service::begin_drain() {
   if (draining_.exchange(true)) return;
+  tell("STOPPING=1");
   beast::error_code ec;
   acceptor_.close(ec);
   // gRPC calls running are answered within the drain timeout, beside the HTTP drain; new ones are refused.

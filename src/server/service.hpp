@@ -70,7 +70,9 @@ class service final : public connection_context {
   // Serves Envoy's rate-limit API on `server.grpc_listen`, its limits from [envoy]. Before run().
   result<void> start_envoy(const envoy_settings& settings, const server_settings& server);
 
-  // Serves on `endpoint` with one thread per worker until drained.
+  // Serves on `endpoint` with one thread per worker until drained, telling `notify` (if set) of its
+  // states (server_options::notify). Before run().
+  void set_notify(std::function<void(std::string_view)> notify) { notify_ = std::move(notify); }
   int run(const tcp::endpoint& endpoint);
 
   // A backend on the workers' io_contexts is destroyed with them stopped (run() stops them; a
@@ -80,6 +82,9 @@ class service final : public connection_context {
   }
 
  private:
+  void tell(std::string_view state) {
+    if (notify_) notify_(state);
+  }
   // The configured cap, lowered to what the descriptor limit leaves after reserved_descriptors.
   static std::size_t max_connections(std::size_t configured);
 
@@ -128,6 +133,7 @@ class service final : public connection_context {
   server::metrics metrics_;
   published<snapshot> current_;
   std::mutex reload_mu_;
+  std::function<void(std::string_view)> notify_;
   // Guarded by reload_mu_: the file's rules as last loaded, and etcd's (null without [etcd]).
   std::vector<rule> file_rules_;
   std::vector<rule_override> file_overrides_;

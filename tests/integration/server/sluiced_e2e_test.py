@@ -103,6 +103,25 @@ class SluicedTest(unittest.TestCase):
         self.assertEqual(r.headers["content-type"], "application/json")
 
 
+class Systemd(SluicedTest):
+    def test_notifies_ready_reloading_and_stopping(self):
+        # What systemd's Type=notify reads: sd_notify datagrams on $NOTIFY_SOCKET.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "notify")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            self.addCleanup(sock.close)
+            sock.bind(path)
+            sock.settimeout(20)
+            s = Sluiced(SEED, env=dict(os.environ, NOTIFY_SOCKET=path))
+            self.addCleanup(s.close)
+            self.assertEqual(sock.recv(4096), b"READY=1")
+            s.reload(SEED)
+            self.assertEqual(sock.recv(4096), b"RELOADING=1")
+            self.assertEqual(sock.recv(4096), b"READY=1")
+            s.stop()
+            self.assertEqual(sock.recv(4096), b"STOPPING=1")
+
+
 class SeedForm(SluicedTest):
     def test_seed_section_defines_rule_default(self):
         s = self.start(SEED)
