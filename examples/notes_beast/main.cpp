@@ -163,8 +163,8 @@ struct app {
       if (mw) {
         for (const auto& c : mw->counters()) {
           rules.push_back({{"rule", c.rule},
-                           {"admitted", c.admitted},
-                           {"refused", c.refused},
+                           {"allowed", c.admitted},
+                           {"rejected", c.refused},
                            {"backend_errors", c.backend_errors},
                            {"invalid", c.invalid}});
         }

@@ -94,8 +94,8 @@ int main(int argc, char** argv) {
     std::string body = "{\"rules\": [";
     for (const auto& c : m->counters()) {
       if (body.back() != '[') body += ", ";
-      body += "{\"rule\": \"" + c.rule + "\", \"admitted\": " + std::to_string(c.admitted) +
-              ", \"refused\": " + std::to_string(c.refused) +
+      body += "{\"rule\": \"" + c.rule + "\", \"allowed\": " + std::to_string(c.admitted) +
+              ", \"rejected\": " + std::to_string(c.refused) +
               ", \"backend_errors\": " + std::to_string(c.backend_errors) +
               ", \"invalid\": " + std::to_string(c.invalid) + "}";
     }

@@ -57,6 +57,14 @@ std::int64_t retry_after_seconds(const decision& d) noexcept {
   return s < 1 ? 1 : s;
 }
 
+std::int64_t retry_after_milliseconds(const decision& d) noexcept {
+  if (d.allowed) return 0;
+  if (d.retry_after == never) return retry_after_seconds(d) * 1000;
+  constexpr std::int64_t ns_per_ms = 1'000'000;
+  const std::int64_t ms = d.retry_after.count() / ns_per_ms + (d.retry_after.count() % ns_per_ms != 0 ? 1 : 0);
+  return ms < 1 ? 1 : ms;
+}
+
 std::int64_t policy_window_seconds(const policy& p) noexcept {
   if (p.algorithm != algorithm::token_bucket) return std::max<std::int64_t>(1, ceil_seconds(p.window));
   if (p.rate.per_second <= 0 || p.rate.is_infinite()) return 1;

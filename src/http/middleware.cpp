@@ -100,9 +100,9 @@ std::string id_key(std::string_view prefix, std::string_view id) {
 
 }  // namespace
 
-std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds) {
-  return "{\"code\": \"" + json_escape(code) + "\", \"message\": \"" + json_escape(message) +
-         "\", \"retry_after\": " + std::to_string(retry_after_seconds) + "}";
+std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_ms) {
+  return "{\"error\": {\"code\": \"" + json_escape(code) + "\", \"message\": \"" + json_escape(message) +
+         "\"}, \"retry_after_ms\": " + std::to_string(retry_after_ms) + "}";
 }
 
 // --- middleware -----------------------------------------------------------------------------------
@@ -278,8 +278,9 @@ outcome middleware::complete(const pending_check& pending, const result<decision
     o.action = outcome::action::refuse;
     o.status = 429;
     o.headers.add("Retry-After", retry);
-    o.body = transient ? refusal_body("too_many_requests", "rate limiter at capacity, request refused", retry)
-                       : refusal_body("not_admissible", "the rate limit cannot admit this request", retry);
+    // The codes sluiced answers with: capacity_exhausted at the key cap.
+    o.body = transient ? refusal_body("capacity_exhausted", "rate limiter at capacity, request refused", retry * 1000)
+                       : refusal_body("not_admissible", "the rate limit cannot admit this request", retry * 1000);
     return o;
   }
   if (!answer) {
@@ -293,7 +294,7 @@ outcome middleware::complete(const pending_check& pending, const result<decision
     o.action = outcome::action::refuse;
     o.status = 429;
     o.headers.add("Retry-After", "1");
-    o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", 1);
+    o.body = refusal_body("backend_unavailable", "rate limiter unavailable, request refused", 1000);
     return o;
   }
 
@@ -317,19 +318,20 @@ outcome middleware::complete(const pending_check& pending, const result<decision
   o.action = outcome::action::refuse;
   o.status = 429;
   add_rate_limit_headers(o.headers, d, r, std::chrono::system_clock::now(), options_.headers);
-  std::int64_t retry = retry_after_seconds(d);
+  const std::int64_t retry = retry_after_seconds(d);
+  const std::int64_t retry_ms = retry_after_milliseconds(d);
   // The binding layer (the refusing one) decides the wording, as it decides the header figures.
   bool by_tenant = d.dual_layer && d.binding == layer::tenant && r.tenant;
   const policy& binding = by_tenant ? *r.tenant : r.limit;
   std::string scope = by_tenant ? "tenant " : "";
   if (binding.algorithm == algorithm::fixed_window) {
     o.body =
-        refusal_body("quota_exceeded", scope + "quota exhausted; it renews in " + std::to_string(retry) + " s", retry);
+        refusal_body("quota_exceeded", scope + "quota exhausted; it renews in " + std::to_string(retry) + " s", retry_ms);
   } else if (d.source == decision_source::fail_closed) {
-    o.body = refusal_body("too_many_requests", "rate limiter unavailable, request refused", retry);
+    o.body = refusal_body("backend_unavailable", "rate limiter unavailable, request refused", retry_ms);
   } else {
     o.body = refusal_body("too_many_requests", scope + "rate limit exceeded; retry in " + std::to_string(retry) + " s",
-                          retry);
+                          retry_ms);
   }
   return o;
 }
@@ -354,9 +356,9 @@ std::string render_prometheus(const std::vector<rule_counters>& counters) {
   for (const rule_counters& c : counters) {
     const std::string prefix =
         "sluice_middleware_requests_total{rule=\"" + prometheus::escape_label(c.rule) + "\",result=\"";
-    prometheus::sample(out, prefix + "admitted\"}", c.admitted);
-    prometheus::sample(out, prefix + "refused\"}", c.refused);
-    prometheus::sample(out, prefix + "backend_error\"}", c.backend_errors);
+    prometheus::sample(out, prefix + "allowed\"}", c.admitted);
+    prometheus::sample(out, prefix + "rejected\"}", c.refused);
+    prometheus::sample(out, prefix + "error\"}", c.backend_errors);
     prometheus::sample(out, prefix + "invalid\"}", c.invalid);
   }
   return out;

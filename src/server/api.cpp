@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sluice/http/headers.hpp"
+
 namespace sluice::server {
 
 namespace {
@@ -234,7 +236,7 @@ std::string render_decision(const sluice::rule& r, const decision& d, bool shado
   out += R"(,"remaining":)";
   append_int(out, d.remaining < 0 ? 0 : d.remaining);
   out += R"(,"retry_after_ms":)";
-  append_int(out, d.allowed ? 0 : std::max<std::int64_t>(1, ceil_milliseconds(d.retry_after)));
+  append_int(out, sluice::http::retry_after_milliseconds(d));
   out += R"(,"reset_after_ms":)";
   append_int(out, ceil_milliseconds(d.reset_after));
   if (d.dual_layer) {

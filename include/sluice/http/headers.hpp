@@ -117,6 +117,11 @@ std::int64_t ceil_seconds(nanoseconds d) noexcept;
 /// gives one day (clients must not read it as "retry now").
 std::int64_t retry_after_seconds(const decision& d) noexcept;
 
+/// The `retry_after_ms` of every JSON answer (sluiced's decisions, the middleware's 429 body): 0
+/// when admitted, else the wait in whole milliseconds rounded up, at least 1; `never` gives one day,
+/// as Retry-After does.
+std::int64_t retry_after_milliseconds(const decision& d) noexcept;
+
 /// The header fields for a decision of `r` made at wall-clock time `wall_now`.
 header_fields rate_limit_headers(const decision& d, const rule& r, std::chrono::system_clock::time_point wall_now,
                                  const header_options& options);

@@ -140,7 +140,7 @@ struct outcome {
   outcome::action action = action::pass;
   header_fields headers{};
   int status = 200;    ///< 429 when refused.
-  std::string body{};  ///< JSON when refused: {"code": ..., "message": ..., "retry_after": N}.
+  std::string body{};  ///< JSON when refused: {"error": {"code": ..., "message": ...}, "retry_after_ms": N}.
 };
 
 class middleware;
@@ -299,12 +299,14 @@ class middleware : public std::enable_shared_from_this<middleware> {
 };
 
 /// The per-rule counters in the Prometheus text format (sluice/prometheus.hpp), for a service's own
-/// /metrics route: `sluice_middleware_requests_total{rule, result}` with result admitted, refused,
-/// backend_error or invalid (invalid requests are also counted as refused).
+/// /metrics route: `sluice_middleware_requests_total{rule, result}` with result allowed, rejected,
+/// error or invalid (invalid requests are also counted as rejected): the words of sluiced's
+/// `sluice_checks_total`.
 std::string render_prometheus(const std::vector<rule_counters>& counters);
 
-/// The JSON body of a refusal: {"code": code, "message": message, "retry_after": seconds}.
-std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_seconds);
+/// The JSON body of a refusal, in the shape and units of sluiced's answers:
+/// {"error": {"code": code, "message": message}, "retry_after_ms": milliseconds}.
+std::string refusal_body(std::string_view code, std::string_view message, std::int64_t retry_after_ms);
 
 /// True when `path` (no query string) matches the pattern (see route_pattern).
 bool path_matches(std::string_view pattern, std::string_view path) noexcept;

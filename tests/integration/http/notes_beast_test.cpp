@@ -47,17 +47,21 @@ long long number(const http_response& r, const std::string& name) {
   return v.empty() ? -1 : std::stoll(v);
 }
 
-// Every refusal: 429, JSON body with the code, Retry-After = retry_after >= 1, X-RateLimit-*.
+// Every refusal: 429, JSON body with the code (sluiced's error shape), retry_after_ms that rounds up
+// to Retry-After >= 1, X-RateLimit-*.
 void expect_refusal(const http_response& r, const std::string& code, long long limit) {
   ASSERT_EQ(r.status, 429);
   EXPECT_EQ(r.header("content-type"), "application/json");
   json body = json::parse(r.body, nullptr, false);
   ASSERT_TRUE(body.is_object()) << r.body;
-  EXPECT_EQ(body.value("code", ""), code);
-  EXPECT_FALSE(body.value("message", "").empty());
+  ASSERT_TRUE(body.contains("error") && body["error"].is_object()) << r.body;
+  EXPECT_EQ(body["error"].value("code", ""), code);
+  EXPECT_FALSE(body["error"].value("message", "").empty());
   long long retry = number(r, "retry-after");
   EXPECT_GE(retry, 1);
-  EXPECT_EQ(body.value("retry_after", -1LL), retry);
+  const long long retry_ms = body.value("retry_after_ms", -1LL);
+  EXPECT_GE(retry_ms, 1);
+  EXPECT_EQ((retry_ms + 999) / 1000, retry) << "Retry-After is retry_after_ms in whole seconds, rounded up";
   EXPECT_EQ(number(r, "x-ratelimit-limit"), limit);
   EXPECT_EQ(number(r, "x-ratelimit-remaining"), 0);
   auto now =
@@ -280,14 +284,15 @@ TEST(NotesBeast, DualLayerTenantExhaustion) {
   auto a = exhaust(s.port, [&](int) { return s.as(alice, "/tenant/notes"); });
   EXPECT_GE(a.admitted, 60);
   expect_refusal(a.refusal, "too_many_requests", 60);
-  EXPECT_EQ(json::parse(a.refusal.body).value("message", "").find("tenant"), std::string::npos);
+  EXPECT_EQ(json::parse(a.refusal.body)["error"].value("message", "").find("tenant"), std::string::npos);
 
   // bob has a full personal budget, but acme has only ~40 left (refilling at 1/s).
   auto b = exhaust(s.port, [&](int) { return s.as(bob, "/tenant/notes"); });
   EXPECT_GE(b.admitted, 30);
   EXPECT_LT(b.admitted, 60);
   ASSERT_EQ(b.refusal.status, 429);
-  EXPECT_NE(json::parse(b.refusal.body).value("message", "").find("tenant"), std::string::npos) << b.refusal.body;
+  EXPECT_NE(json::parse(b.refusal.body)["error"].value("message", "").find("tenant"), std::string::npos)
+      << b.refusal.body;
 
   // Another tenant is not affected.
   auto c = http(s.port, s.as(carol, "/tenant/notes"));
@@ -303,7 +308,7 @@ TEST(NotesBeast, ExemptRoutesAreNeverLimited) {
   }
   auto stats = json::parse(http_get(s.port, "/stats").body, nullptr, false);
   ASSERT_TRUE(stats.is_object());
-  for (const auto& rule : stats["rules"]) EXPECT_EQ(rule["admitted"].get<int>() + rule["refused"].get<int>(), 0);
+  for (const auto& rule : stats["rules"]) EXPECT_EQ(rule["allowed"].get<int>() + rule["rejected"].get<int>(), 0);
 }
 
 TEST(NotesBeast, CountersPerRule) {
@@ -315,8 +320,8 @@ TEST(NotesBeast, CountersPerRule) {
   for (const auto& rule : stats["rules"]) {
     if (rule["rule"] != "public") continue;
     found = true;
-    EXPECT_EQ(rule["admitted"].get<int>(), r.admitted);
-    EXPECT_EQ(rule["refused"].get<int>(), 1);
+    EXPECT_EQ(rule["allowed"].get<int>(), r.admitted);
+    EXPECT_EQ(rule["rejected"].get<int>(), 1);
     EXPECT_EQ(rule["backend_errors"].get<int>(), 0);
   }
   EXPECT_TRUE(found);
@@ -331,11 +336,11 @@ TEST(NotesBeast, MetricsRouteExportsTheCounters) {
   auto m = http_get(s.port, "/metrics");
   ASSERT_EQ(m.status, 200);
   EXPECT_NE(m.body.find("# TYPE sluice_middleware_requests_total counter"), std::string::npos);
-  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"admitted\"} " +
+  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"allowed\"} " +
                         std::to_string(r.admitted) + "\n"),
             std::string::npos)
       << m.body;
-  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"refused\"} 1\n"), std::string::npos);
+  EXPECT_NE(m.body.find("sluice_middleware_requests_total{rule=\"public\",result=\"rejected\"} 1\n"), std::string::npos);
   EXPECT_FALSE(m.has("x-ratelimit-limit"));  // exempt
 }
 #endif
@@ -350,7 +355,7 @@ TEST(NotesBeast, ShadowModeCountsButNeverRefuses) {
   auto stats = json::parse(http_get(s.port, "/stats").body, nullptr, false);
   for (const auto& rule : stats["rules"]) {
     if (rule["rule"] == "public") {
-      EXPECT_GE(rule["refused"].get<int>(), 1);
+      EXPECT_GE(rule["rejected"].get<int>(), 1);
     }
   }
 }

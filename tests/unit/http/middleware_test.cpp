@@ -401,7 +401,8 @@ TEST_F(middleware_test, RefusalBodiesAndCodes) {
   EXPECT_EQ(o.status, 429);
   EXPECT_EQ(
       o.body,
-      "{\"code\": \"too_many_requests\", \"message\": \"rate limit exceeded; retry in 2 s\", \"retry_after\": 2}");
+      "{\"error\": {\"code\": \"too_many_requests\", \"message\": \"rate limit exceeded; retry in 2 s\"}, "
+      "\"retry_after_ms\": 1500}");
   bool retry_after = false;
   for (const auto& h : o.headers) retry_after |= h.name == "Retry-After" && h.value == "2";
   EXPECT_TRUE(retry_after);
@@ -409,7 +410,7 @@ TEST_F(middleware_test, RefusalBodiesAndCodes) {
   fake->script.push_back(decision{.allowed = false, .limit = 10, .retry_after = 3600s, .reset_after = 3600s});
   o = run(*m, "GET", "/notes/export", &alice);
   EXPECT_NE(o.body.find("\"code\": \"quota_exceeded\""), std::string::npos) << o.body;
-  EXPECT_NE(o.body.find("\"retry_after\": 3600"), std::string::npos) << o.body;
+  EXPECT_NE(o.body.find("\"retry_after_ms\": 3600000"), std::string::npos) << o.body;
 
   fake->script.push_back(decision{.allowed = false,
                                   .limit = 100,
@@ -491,7 +492,7 @@ TEST_F(middleware_test, RequestErrorsAreRefusedWhateverOnErrorSays) {
   fake->script.push_back(error(errc::capacity_exhausted, "full"));
   outcome o = run(*m, "GET", "/public", nullptr);
   EXPECT_EQ(o.action, outcome::action::refuse);
-  EXPECT_NE(o.body.find("\"code\": \"too_many_requests\""), std::string::npos) << o.body;
+  EXPECT_NE(o.body.find("\"code\": \"capacity_exhausted\""), std::string::npos) << o.body;
   EXPECT_EQ(o.headers.at(0).value, "1");
 
   // Only backend failures follow on_error.
@@ -733,7 +734,7 @@ TEST_F(middleware_test, RefusalWordingFollowsTheBindingLayer) {
 
 TEST(RefusalBody, EscapesJson) {
   EXPECT_EQ(refusal_body("c", "a\"b\\c\n\x01", 1),
-            "{\"code\": \"c\", \"message\": \"a\\\"b\\\\c\\n\\u0001\", \"retry_after\": 1}");
+            "{\"error\": {\"code\": \"c\", \"message\": \"a\\\"b\\\\c\\n\\u0001\"}, \"retry_after_ms\": 1}");
 }
 
 }  // namespace

@@ -80,12 +80,12 @@ TEST(Metrics, MiddlewareCountersInTheSameFormat) {
       {.rule = "we\"ird", .admitted = 0}};
   std::string text = http::render_prometheus(counters);
   EXPECT_NE(text.find("# TYPE sluice_middleware_requests_total counter\n"), std::string::npos);
-  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"admitted\"} 7\n"), std::string::npos);
-  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"refused\"} 2\n"), std::string::npos);
-  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"backend_error\"} 1\n"),
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"allowed\"} 7\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"rejected\"} 2\n"), std::string::npos);
+  EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"error\"} 1\n"),
             std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"invalid\"} 1\n"), std::string::npos);
-  EXPECT_NE(text.find("{rule=\"we\\\"ird\",result=\"admitted\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("{rule=\"we\\\"ird\",result=\"allowed\"} 0\n"), std::string::npos) << text;
 }
 
 TEST(Metrics, FailurePolicyErrorsReloadsResponses) {
