@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <thread>
+#include <tuple>
 #include <iostream>
 
 #include "chart.hpp"
@@ -134,15 +135,20 @@ result<cli::simulation> replay(const std::string& url, const std::string& rule, 
   client.set_keep_alive(true);
   std::vector<bool> admitted;
   std::vector<std::int64_t> remaining;
+  // Keys of their own for this run, so that a rerun does not start with the last run's debt.
+  const std::string run = "simulate-" + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                           std::chrono::system_clock::now().time_since_epoch())
+                                                           .count());
+  std::cout << "replaying on keys " << run << (t.keys.empty() ? "" : ":<csv key>") << '\n';
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < t.times.size(); ++i) {
     std::this_thread::sleep_until(start + std::chrono::nanoseconds(t.times[i]));  // pacing real requests
-    const std::string body = check_body(rule, t.keys.empty() ? "simulate" : t.key_names[t.keys[i]], "", "", 1);
+    const std::string body = check_body(rule, t.keys.empty() ? run : run + ":" + t.key_names[t.keys[i]], "", "", 1);
     auto r = client.Post("/v1/check", body, "application/json");
     if (!r) return error(errc::backend_unavailable, "cannot reach " + url + ": " + httplib::to_string(r.error()));
     if (r->status != 200 && r->status != 429) {
       return error(errc::invalid_argument,
-                   "sluiced answered " + std::to_string(r->status) + ": " + r->body.substr(0, 200));
+                   "sluiced answered " + std::to_string(r->status) + ": " + r->body);
     }
     admitted.push_back(r->status == 200);
     const auto answer = nlohmann::json::parse(r->body, nullptr, /*allow_exceptions=*/false);
@@ -197,6 +203,9 @@ int main(int argc, char** argv) {
   sim->add_option("--step", step, "table and chart step (default 1s)");
   sim->add_option("--max-window", window_of, "report the most admitted in any window this long (default 60s)");
   sim->add_option("--svg", svg_file, "draw the runs into this SVG file");
+  std::string chart_from, chart_to;
+  sim->add_option("--from", chart_from, "draw from this time on, e.g. 50s (default: the start)");
+  sim->add_option("--to", chart_to, "draw up to this time, e.g. 70s (default: the end)");
   sim->add_option("--png", png_file, "draw the runs into this PNG file (with rsvg-convert)");
   std::string replay_url, replay_rule;
   sim->add_option("--url", replay_url, "also replay the traffic against this running sluiced, on the wall clock");
@@ -276,7 +285,7 @@ int main(int argc, char** argv) {
       if (!text) return fail(text.error().message);
       pattern = std::move(*text);
     }
-    auto times = cli::parse_traffic(pattern);
+    auto times = cli::parse_traffic(pattern, &requests.end_ns);
     if (!times) return fail("traffic " + times.error().message);
     requests.times = std::move(*times);
   }
@@ -287,7 +296,8 @@ int main(int argc, char** argv) {
   if (!window_ns || window_ns->count() <= 0) return fail("--max-window must be a duration like 60s");
   std::vector<cli::simulation> runs;
   for (const policy& p : policies) {
-    runs.push_back(cli::simulate(p, requests.times, step_ns->count(), window_ns->count(), 0, requests.keys));
+    runs.push_back(
+        cli::simulate(p, requests.times, step_ns->count(), window_ns->count(), requests.end_ns, requests.keys));
     std::cout << cli::render_table(runs.back()) << '\n';
   }
   if (!replay_url.empty()) {
@@ -299,13 +309,21 @@ int main(int argc, char** argv) {
     runs.push_back(std::move(*observed));
     std::cout << cli::render_table(runs.back()) << '\n';
   }
+  cli::chart_options chart;
+  for (auto [text, at, name] : {std::tuple{&chart_from, &chart.from_ns, "--from"}, {&chart_to, &chart.to_ns, "--to"}}) {
+    if (text->empty()) continue;
+    auto d = parse_duration(*text);
+    if (!d || d->count() < 0) return fail(std::string(name) + " must be a time like 50s, got \"" + *text + "\"");
+    *at = d->count();
+  }
+  if (chart.to_ns <= chart.from_ns) return fail("--to must be after --from");
   if (!svg_file.empty()) {
     std::ofstream out(svg_file, std::ios::binary);
-    out << cli::render_svg(runs);
+    out << cli::render_svg(runs, chart);
     if (!out) return fail("cannot write " + svg_file);
   }
   if (!png_file.empty()) {
-    if (auto r = write_png(cli::render_svg(runs), png_file); !r) return fail(r.error().message);
+    if (auto r = write_png(cli::render_svg(runs, chart), png_file); !r) return fail(r.error().message);
   }
   return 0;
 }

@@ -63,17 +63,26 @@ simulation run_steps(std::string name, const std::vector<std::int64_t>& times, c
   std::size_t next = 0;
   for (std::int64_t start = 0; start < end; start += step_ns) {
     step_row row{.start_ns = start};
+    std::vector<std::uint32_t> checked;  // the keys checked in this step
     for (; next < times.size() && times[next] < start + step_ns; ++next) {
       ++row.requests;
+      const std::uint32_t k = keys.empty() ? 0 : keys[next];
+      if (!keys.empty()) checked.push_back(k);
       if (!admit(next)) {
         ++row.refused;
         continue;
       }
       ++row.admitted;
-      auto& w = in_window[keys.empty() ? 0 : keys[next]];
+      auto& w = in_window[k];
       w.push_back(times[next]);
       while (w.front() <= times[next] - window_ns) w.pop_front();
       out.max_admitted_in_window = std::max<std::int64_t>(out.max_admitted_in_window, w.size());
+    }
+    if (keys.empty()) checked.push_back(0);
+    for (std::uint32_t k : checked) {
+      auto& w = in_window[k];
+      while (!w.empty() && w.front() <= start + step_ns - window_ns) w.pop_front();
+      row.in_window = std::max<std::int64_t>(row.in_window, static_cast<std::int64_t>(w.size()));
     }
     row.remaining = budget(start + step_ns);
     out.requests += row.requests;
@@ -109,7 +118,17 @@ simulation simulate(const policy& p, const std::vector<std::int64_t>& times, std
     }
     return least < 0 ? p.capacity() : least;
   };
-  return run_steps(describe(p), times, keys, key_count, step_ns, window_ns, until_ns, admit, budget);
+  simulation out = run_steps(describe(p), times, keys, key_count, step_ns, window_ns, until_ns, admit, budget);
+  out.capacity = p.capacity();
+  // A window policy's limit; a token bucket's burst and what its rate refills over the window (none
+  // drawn for an unlimited rate).
+  const double refill = p.rate.per_second * static_cast<double>(window_ns) / 1e9;
+  if (p.algorithm != algorithm::token_bucket) {
+    out.window_limit = p.limit;
+  } else if (!p.rate.is_infinite() && refill < 1e15) {
+    out.window_limit = p.burst + static_cast<std::int64_t>(refill);
+  }
+  return out;
 }
 
 simulation tally(std::string name, const std::vector<std::int64_t>& times, const std::vector<bool>& admitted,

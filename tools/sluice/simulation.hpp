@@ -18,6 +18,9 @@ struct step_row {
   std::int64_t admitted = 0;
   std::int64_t refused = 0;
   std::int64_t remaining = 0;  ///< what a check at the step's end would leave (the budget then)
+  /// Admitted in the window of `window_ns` ending at the step's end: of the one key, or with many
+  /// keys the most any key checked in the step got.
+  std::int64_t in_window = 0;
 };
 
 struct simulation {
@@ -26,6 +29,8 @@ struct simulation {
   std::int64_t requests = 0, admitted = 0, refused = 0;
   std::int64_t max_admitted_in_window = 0;  ///< the most admitted in any window of `window_ns`
   std::int64_t window_ns = 0;
+  std::int64_t capacity = 0;      ///< the policy's limit or burst (0: not known, an observed run)
+  std::int64_t window_limit = 0;  ///< what the policy lets through in `window_ns` (0: not known)
 };
 
 /// Most steps (table rows) a simulation may have.

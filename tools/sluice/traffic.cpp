@@ -92,9 +92,9 @@ result<double> rate_of(const token& t) {
 
 }  // namespace
 
-result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern) {
+result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern, std::int64_t* end_ns) {
   std::vector<std::int64_t> times;
-  std::int64_t cursor = 0;
+  std::int64_t cursor = 0, end = 0;  // end: how far the pattern reaches, a trailing idle included
   auto add = [&](std::int64_t t, const token& where) -> result<void> {
     if (times.size() >= max_requests) return at(where, "more than " + std::to_string(max_requests) + " requests");
     times.push_back(t);
@@ -162,8 +162,10 @@ result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern) {
     } else {
       return at(verb, "expected burst, idle or a rate like \"10/s\", got \"" + std::string(verb.text) + "\"");
     }
+    end = std::max(end, cursor);
   }
   std::stable_sort(times.begin(), times.end());
+  if (end_ns) *end_ns = std::max(end, times.empty() ? 0 : times.back() + 1);
   return times;
 }
 

@@ -30,12 +30,14 @@ inline constexpr std::int64_t max_span_ns = 366LL * 86'400 * 1'000'000'000;
 /// Requests to replay: times in ns from the start, sorted, and for each the key it concerns.
 struct traffic {
   std::vector<std::int64_t> times;
+  std::int64_t end_ns = 0;  ///< how far the traffic reaches (a pattern's trailing idle)
   std::vector<std::uint32_t> keys;  ///< index into key_names, per request; empty: one key
   std::vector<std::string> key_names;
 };
 
-/// Request times in ns from the start, sorted, all of one key.
-result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern);
+/// Request times in ns from the start, sorted, all of one key. `end_ns`, when given, is set to how
+/// far the pattern reaches (past its last request: a trailing `idle` counts).
+result<std::vector<std::int64_t>> parse_traffic(std::string_view pattern, std::int64_t* end_ns = nullptr);
 
 /// A CSV of `time[,key]` rows — time in seconds (decimals allowed, e.g. a Unix time from an access
 /// log), key any text without a comma — with an optional `time,key` header. Times are taken

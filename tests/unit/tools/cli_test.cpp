@@ -127,10 +127,13 @@ TEST(Simulate, StepsAreBounded) {
   EXPECT_TRUE(check_steps({}, max_span_ns).ok());
 }
 
-TEST(Chart, OnePanelAndFourSeriesPerPolicy) {
+// One chart for every policy: per policy the trailing window's admissions, its limit, admitted per
+// step and the budget left; the requests once; ticks on both axes of each of the three panels.
+TEST(Chart, EveryPolicyOverlaidWithTicksAndLimits) {
   const auto t = traffic("burst 50 at 0s; 10/s for 30s");
-  const std::string svg = render_svg({simulate(token_bucket_policy(per_second(5), 60), t, second, 60 * second),
-                                      simulate(fixed_window_policy(100, 60s), t, second, 60 * second)});
+  const std::vector<simulation> runs{simulate(token_bucket_policy(per_second(5), 60), t, second, 60 * second),
+                                     simulate(fixed_window_policy(100, 60s), t, second, 60 * second)};
+  const std::string svg = render_svg(runs);
   EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
   EXPECT_TRUE(svg.ends_with("</svg>\n"));
   auto count = [&](const std::string& s) {
@@ -138,11 +141,46 @@ TEST(Chart, OnePanelAndFourSeriesPerPolicy) {
     for (auto at = svg.find(s); at != std::string::npos; at = svg.find(s, at + 1)) ++n;
     return n;
   };
-  for (const char* cls : {"requests", "admitted", "refused", "remaining"}) {
-    EXPECT_EQ(count(std::string("class=\"") + cls + "\""), 2u) << cls;
+  for (const char* series : {"in_window", "limit", "admitted", "remaining"}) {
+    EXPECT_EQ(count(std::string("data-series=\"") + series + "\""), 2u) << series;
   }
+  EXPECT_EQ(count("data-series=\"requests\""), 1u);
   EXPECT_EQ(count("data-policy=\"1\""), 4u);
-  EXPECT_NE(svg.find("fixed_window limit=100 window=60s"), std::string::npos);
+  for (const char* panel : {"0", "1", "2"}) {
+    EXPECT_GE(count(std::string("class=\"tick-y\" data-panel=\"") + panel + "\""), 3u) << panel;
+    EXPECT_GE(count(std::string("class=\"tick-x\" data-panel=\"") + panel + "\""), 3u) << panel;
+  }
+  EXPECT_NE(svg.find(">0 s<"), std::string::npos);
+  EXPECT_NE(svg.find(">30 s<"), std::string::npos) << "a tick on a round second";
+  EXPECT_NE(svg.find(">100%<"), std::string::npos) << "the budget as a share of the capacity";
+  EXPECT_NE(svg.find("fixed_window limit=100 window=60s: admitted"), std::string::npos) << "the legend";
+  // Steps, not lines between points: each value holds over its step (H), then moves (V).
+  const auto path = svg.find("data-series=\"admitted\"");
+  ASSERT_NE(path, std::string::npos);
+  EXPECT_NE(svg.find(" V", path), std::string::npos);
+  EXPECT_NE(svg.find(" H", path), std::string::npos);
+}
+
+// --from and --to draw only those seconds: the axis starts and ends there.
+TEST(Chart, FromAndToZoomOnTheSecondsAsked) {
+  const auto t = traffic("10/s for 100s");
+  const std::string svg = render_svg({simulate(fixed_window_policy(100, 60s), t, second, 60 * second)},
+                                     {.from_ns = 50 * second, .to_ns = 70 * second});
+  EXPECT_NE(svg.find(">50 s<"), std::string::npos);
+  EXPECT_NE(svg.find(">70 s<"), std::string::npos);
+  EXPECT_EQ(svg.find(">0 s<"), std::string::npos);
+  EXPECT_EQ(svg.find(">90 s<"), std::string::npos);
+}
+
+// A trailing idle stays on the time axis.
+TEST(Chart, ATrailingIdleIsDrawn) {
+  std::int64_t end = 0;
+  const auto t = parse_traffic("burst 5 at 0s; idle 30s", &end);
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(end, 30 * second);
+  const simulation s = simulate(fixed_window_policy(10, 60s), *t, second, 60 * second, end);
+  EXPECT_EQ(s.steps.size(), 30u);
+  EXPECT_NE(render_svg({s}).find(">30 s<"), std::string::npos);
 }
 
 }  // namespace
