@@ -35,6 +35,8 @@ dpkg-deb -f "$deb" Depends | grep -q 'libc6' || fail "Depends lacks the shared l
 dpkg-deb -f "$deb" Depends | grep -q 'libsystemd0' || fail "Depends lacks libsystemd0 (sd_notify)"
 dpkg-deb -f "$deb" Depends | grep -q 'init-system-helpers' || fail "Depends lacks init-system-helpers"
 [ "$(dpkg-deb -f "$deb" Recommends)" = "librsvg2-bin" ] || fail "Recommends is not librsvg2-bin (--png)"
+maintainer="$(dpkg-deb -f "$deb" Maintainer)"
+grep -qE '^[^<>]+ <[^<>@ ]+@[^<> ]+>$' <<<"$maintainer" || fail "Maintainer is not \"Name <address>\": $maintainer"
 # Maintainer scripts as dh_installsystemd writes them: enablement kept, policy-rc.d honoured.
 scripts="$work/control"
 mkdir -p "$scripts"
@@ -63,6 +65,8 @@ done
   fail "the packaged example config is invalid"
 zcat "$root/usr/share/doc/sluiced/changelog.Debian.gz" | head -n 1 | grep -q "^sluiced ($(dpkg-deb -f "$deb" Version)) " ||
   fail "the changelog does not start with this version"
+zcat "$root/usr/share/doc/sluiced/changelog.Debian.gz" | grep -qF " -- $maintainer  " ||
+  fail "the changelog is not signed by the Maintainer"
 for page in sluiced sluice; do
   zcat "$root/usr/share/man/man1/$page.1.gz" | grep -q '^\.SH DESCRIPTION' || fail "man page $page has no DESCRIPTION"
 done
