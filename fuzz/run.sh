@@ -18,9 +18,10 @@ mkdir -p "$out"
 flags=(-std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src")
 # The library code the targets reach: the config loader, the request parser and the core it uses,
-# the memory backend its checks are validated on, the Redis backend's commands and reply parsers,
-# and the Envoy API's YAML loader.
+# the memory backend its checks are validated on, the HTTP fields its answers share with the
+# middleware, the Redis backend's commands and reply parsers, and the Envoy API's YAML loader.
 lib=("$root"/src/core/*.cpp "$root"/src/keyed/*.cpp "$root/src/rules/config.cpp" "$root/src/server/api.cpp"
+     "$root/src/http/headers.cpp"
      "$root"/src/redis/{command,reply_bounds,exactness,keys,scripts,slot}.cpp "$root/src/envoy/domain_config.cpp")
 
 objdir="$out/obj"
