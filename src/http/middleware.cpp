@@ -344,7 +344,8 @@ std::vector<rule_counters> middleware::counters() const {
                    .admitted = counters_[i].admitted.load(std::memory_order_relaxed),
                    .refused = counters_[i].refused.load(std::memory_order_relaxed),
                    .backend_errors = counters_[i].backend_errors.load(std::memory_order_relaxed),
-                   .invalid = counters_[i].invalid.load(std::memory_order_relaxed)});
+                   .invalid = counters_[i].invalid.load(std::memory_order_relaxed),
+                   .shadow = options_.enforcement == enforcement::shadow});
   }
   return out;
 }
@@ -356,8 +357,11 @@ std::string render_prometheus(const std::vector<rule_counters>& counters) {
   for (const rule_counters& c : counters) {
     const std::string prefix =
         "sluice_middleware_requests_total{rule=\"" + prometheus::escape_label(c.rule) + "\",result=\"";
-    prometheus::sample(out, prefix + "allowed\"}", c.admitted);
-    prometheus::sample(out, prefix + "rejected\"}", c.refused);
+    // In shadow mode a refusal went on (counted in both): it is shadow_rejected alone.
+    const std::uint64_t shadowed = c.shadow ? std::min(c.refused, c.admitted) : 0;
+    prometheus::sample(out, prefix + "allowed\"}", c.admitted - shadowed);
+    prometheus::sample(out, prefix + "rejected\"}", c.refused - shadowed);
+    if (c.shadow) prometheus::sample(out, prefix + "shadow_rejected\"}", shadowed);
     prometheus::sample(out, prefix + "error\"}", c.backend_errors);
     prometheus::sample(out, prefix + "invalid\"}", c.invalid);
   }

@@ -128,6 +128,7 @@ struct rule_counters {
   std::uint64_t backend_errors = 0;  ///< Backend failures, handled by `on_error`.
   std::uint64_t invalid = 0;         ///< Checks the backend could not make (not a backend failure);
                                      ///< also counted in `refused`.
+  bool shadow = false;               ///< Counted in shadow mode: the refused went on.
 };
 
 /// What the HTTP layer does with a request.
@@ -301,7 +302,8 @@ class middleware : public std::enable_shared_from_this<middleware> {
 /// The per-rule counters in the Prometheus text format (sluice/prometheus.hpp), for a service's own
 /// /metrics route: `sluice_middleware_requests_total{rule, result}` with result allowed, rejected,
 /// error or invalid (invalid requests are also counted as rejected): the words of sluiced's
-/// `sluice_checks_total`.
+/// `sluice_checks_total`. In shadow mode the refusals that went on are `shadow_rejected`, as a
+/// sluiced shadow rule's are, and not among the allowed.
 std::string render_prometheus(const std::vector<rule_counters>& counters);
 
 /// The JSON body of a refusal, in the shape and units of sluiced's answers:

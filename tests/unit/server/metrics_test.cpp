@@ -86,6 +86,13 @@ TEST(Metrics, MiddlewareCountersInTheSameFormat) {
             std::string::npos);
   EXPECT_NE(text.find("sluice_middleware_requests_total{rule=\"api\",result=\"invalid\"} 1\n"), std::string::npos);
   EXPECT_NE(text.find("{rule=\"we\\\"ird\",result=\"allowed\"} 0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("shadow_rejected"), std::string::npos) << "enforcing: no shadow refusals";
+  // In shadow mode, what the limiter refused went on: shadow_rejected, as sluiced's shadow rules.
+  const std::string shadow =
+      http::render_prometheus({{.rule = "s", .admitted = 10, .refused = 3, .shadow = true}});
+  EXPECT_NE(shadow.find("{rule=\"s\",result=\"allowed\"} 7\n"), std::string::npos) << shadow;
+  EXPECT_NE(shadow.find("{rule=\"s\",result=\"rejected\"} 0\n"), std::string::npos) << shadow;
+  EXPECT_NE(shadow.find("{rule=\"s\",result=\"shadow_rejected\"} 3\n"), std::string::npos) << shadow;
 }
 
 TEST(Metrics, FailurePolicyErrorsReloadsResponses) {
