@@ -112,10 +112,12 @@ class Systemd(SluicedTest):
             self.addCleanup(sock.close)
             sock.bind(path)
             sock.settimeout(20)
-            s = Sluiced(SEED, env=dict(os.environ, NOTIFY_SOCKET=path))
+            # No file watch: the SIGHUP below is the one reload.
+            config = "[server]\nwatch_interval_ms = 0\n" + SEED
+            s = Sluiced(config, env=dict(os.environ, NOTIFY_SOCKET=path))
             self.addCleanup(s.close)
             self.assertEqual(sock.recv(4096), b"READY=1")
-            s.reload(SEED)
+            s.reload(config)
             self.assertEqual(sock.recv(4096), b"RELOADING=1")
             self.assertEqual(sock.recv(4096), b"READY=1")
             s.stop()
