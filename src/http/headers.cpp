@@ -50,6 +50,13 @@ std::int64_t ceil_seconds(nanoseconds d) noexcept {
   return d.count() / ns_per_s + (d.count() % ns_per_s != 0 ? 1 : 0);
 }
 
+std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
+  if (d == never) return 86'400'000;
+  if (d <= nanoseconds::zero()) return 0;
+  constexpr std::int64_t ns_per_ms = 1'000'000;
+  return d.count() / ns_per_ms + (d.count() % ns_per_ms != 0 ? 1 : 0);
+}
+
 std::int64_t retry_after_seconds(const decision& d) noexcept {
   constexpr std::int64_t one_day = 86'400;
   if (d.retry_after == never) return one_day;
@@ -59,10 +66,7 @@ std::int64_t retry_after_seconds(const decision& d) noexcept {
 
 std::int64_t retry_after_milliseconds(const decision& d) noexcept {
   if (d.allowed) return 0;
-  if (d.retry_after == never) return retry_after_seconds(d) * 1000;
-  constexpr std::int64_t ns_per_ms = 1'000'000;
-  const std::int64_t ms = d.retry_after.count() / ns_per_ms + (d.retry_after.count() % ns_per_ms != 0 ? 1 : 0);
-  return ms < 1 ? 1 : ms;
+  return std::max<std::int64_t>(1, ceil_milliseconds(d.retry_after));
 }
 
 std::int64_t policy_window_seconds(const policy& p) noexcept {

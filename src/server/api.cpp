@@ -174,13 +174,6 @@ std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_
   return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-std::int64_t ceil_milliseconds(nanoseconds d) noexcept {
-  if (d == never) return 86'400'000;
-  if (d <= nanoseconds::zero()) return 0;
-  constexpr std::int64_t ns_per_ms = 1'000'000;
-  return d.count() / ns_per_ms + (d.count() % ns_per_ms != 0 ? 1 : 0);
-}
-
 std::variant<check_batch, api_error> parse_check_body(std::string_view body, const rule_set& rules,
                                                       const rule_resolver& resolve) {
   if (body.size() > max_body_bytes) {
@@ -238,7 +231,7 @@ std::string render_decision(const sluice::rule& r, const decision& d, bool shado
   out += R"(,"retry_after_ms":)";
   append_int(out, sluice::http::retry_after_milliseconds(d));
   out += R"(,"reset_after_ms":)";
-  append_int(out, ceil_milliseconds(d.reset_after));
+  append_int(out, sluice::http::ceil_milliseconds(d.reset_after));
   if (d.dual_layer) {
     out += R"(,"layers":{"tenant":{"limit":)";
     append_int(out, d.tenant.limit);

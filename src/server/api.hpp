@@ -114,7 +114,5 @@ std::string render_rules(const std::vector<rule>& rules, const std::vector<rule_
                          const std::vector<rule_override>& overrides, std::uint64_t version,
                          const std::vector<rule_source_status>& sources);
 
-/// Milliseconds, rounded up; `never` gives one day.
-std::int64_t ceil_milliseconds(nanoseconds d) noexcept;
 
 }  // namespace sluice::server

@@ -113,6 +113,9 @@ class header_fields {
 /// Whole seconds, rounded up; 0 stays 0. Negative durations give 0.
 std::int64_t ceil_seconds(nanoseconds d) noexcept;
 
+/// Whole milliseconds, rounded up, as every JSON answer gives durations; `never` gives one day.
+std::int64_t ceil_milliseconds(nanoseconds d) noexcept;
+
 /// The Retry-After value for a refusal: ceil_seconds(retry_after), at least 1. A `never` retry
 /// gives one day (clients must not read it as "retry now").
 std::int64_t retry_after_seconds(const decision& d) noexcept;

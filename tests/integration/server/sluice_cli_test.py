@@ -136,6 +136,13 @@ class Cli(unittest.TestCase):
                 "burst 1\nidle soon")
         self.assertEqual(r.returncode, 2)
         self.assertIn("2:6: expected a time", r.stderr)
+        policy = ("simulate", "--algorithm", "fixed_window", "--limit", "1", "--window", "1s", "--pattern", "burst 1")
+        for zoom, message in ((("--from", "soon"), "--from must be a time like 50s"),
+                              (("--to", "-3s"), "--to must be a time like 50s"),
+                              (("--from", "20s", "--to", "10s"), "--to must be after --from")):
+            r = run(*policy, *zoom, "--svg", os.devnull)
+            self.assertEqual(r.returncode, 2, zoom)
+            self.assertIn(message, r.stderr)
         with tempfile.NamedTemporaryFile("w", suffix=".toml") as f:
             f.write("[[rules]]\nname = \"x\"\n")
             f.flush()

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "server/api.hpp"
+#include "sluice/http/headers.hpp"
 
 #include <gtest/gtest.h>
 
@@ -183,11 +184,11 @@ TEST(Render, ErrorEscapesAnything) {
 }
 
 TEST(Render, Milliseconds) {
-  EXPECT_EQ(ceil_milliseconds(0ns), 0);
-  EXPECT_EQ(ceil_milliseconds(1ns), 1);
-  EXPECT_EQ(ceil_milliseconds(1ms), 1);
-  EXPECT_EQ(ceil_milliseconds(1001us), 2);
-  EXPECT_EQ(ceil_milliseconds(never), 86'400'000);
+  EXPECT_EQ(http::ceil_milliseconds(0ns), 0);
+  EXPECT_EQ(http::ceil_milliseconds(1ns), 1);
+  EXPECT_EQ(http::ceil_milliseconds(1ms), 1);
+  EXPECT_EQ(http::ceil_milliseconds(1001us), 2);
+  EXPECT_EQ(http::ceil_milliseconds(never), 86'400'000);
 }
 
 TEST(Render, DisabledDecisionAdmitsWithFullCapacity) {
