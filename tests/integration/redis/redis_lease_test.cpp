@@ -62,6 +62,21 @@ class RedisLeaseTest : public ::testing::Test {
     return r;
   }
 
+  // Two instances, A and B, of a rule `name` leasing a fixed window of `limit` a minute (a lease
+  // period of 100 ms, half the limit at most), at the start of a window.
+  struct instances {
+    std::unique_ptr<redis_backend> a, b;
+    prepared_rule_ptr pa, pb;
+  };
+  instances two_instances(const std::string& name, std::int64_t limit) {
+    const rule r = leased({.name = name, .limit = fixed_window_policy(limit, 60s)}, 100ms, 0.5);
+    instances out{make(), make(), nullptr, nullptr};
+    out.pa = prepare(*out.a, r);
+    out.pb = prepare(*out.b, r);
+    clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+    return out;
+  }
+
   static redis_server* redis_;
   sluice::testing::simulated_clock clock_{time_point(std::chrono::hours(24 * 365))};
 };
@@ -211,12 +226,7 @@ TEST_F(RedisLeaseTest, ARefusedKeyIsRefusedLocallyUntilItsRetryAfter) {
 }
 
 TEST_F(RedisLeaseTest, GivenBackUnitsAreAdmittedOnTheOtherInstance) {
-  auto a = make();
-  auto b = make();
-  const rule r = leased({.name = "share", .limit = fixed_window_policy(100, 60s)}, 100ms, 0.5);
-  auto pa = prepare(*a, r);
-  auto pb = prepare(*b, r);
-  clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+  auto [a, b, pa, pb] = two_instances("share", 100);
   // A busy key on A: its leases grow with its demand (up to 50 units).
   int admitted = 0;
   for (int i = 0; i < 60; ++i) admitted += check(*a, *pa, "k").allowed;
@@ -240,12 +250,7 @@ TEST_F(RedisLeaseTest, GivenBackUnitsAreAdmittedOnTheOtherInstance) {
 // A look at a leased rule reads Redis's state, where units leased out count as used, and takes no
 // lease: another instance then has as much as before to lease.
 TEST_F(RedisLeaseTest, ALookTakesNoLeaseAndCountsLeasedUnitsAsUsed) {
-  auto a = make();
-  auto b = make();
-  const rule r = leased({.name = "look", .limit = fixed_window_policy(100, 60s)}, 100ms, 0.5);
-  auto pa = prepare(*a, r);
-  auto pb = prepare(*b, r);
-  clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+  auto [a, b, pa, pb] = two_instances("look", 100);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(check(*a, *pa, "k", 0).remaining, 100);
   for (int i = 0; i < 20; ++i) ASSERT_TRUE(check(*a, *pa, "k").allowed);
   const decision seen = check(*b, *pb, "k", 0);
@@ -260,12 +265,7 @@ TEST_F(RedisLeaseTest, ALookTakesNoLeaseAndCountsLeasedUnitsAsUsed) {
 // A reset forgets the key on Redis and the resetting instance's leases and refusal of it: both
 // instances then see it full, and the leases it held do not come back on top.
 TEST_F(RedisLeaseTest, AResetForgetsTheKeysLeases) {
-  auto a = make();
-  auto b = make();
-  const rule r = leased({.name = "reset", .limit = fixed_window_policy(10, 60s)}, 100ms, 0.5);
-  auto pa = prepare(*a, r);
-  auto pb = prepare(*b, r);
-  clock_.set(time_point(std::chrono::hours(24 * 365 * 4)));
+  auto [a, b, pa, pb] = two_instances("reset", 10);
   int admitted = 0;
   while (check(*a, *pa, "k").allowed) ++admitted;
   ASSERT_EQ(admitted, 10);
