@@ -21,6 +21,14 @@ bool is_json_media_type(std::string_view content_type) {
   return beast::iequals(beast::string_view(type.data(), type.size()), "application/json");
 }
 
+// POST bodies are JSON: a browser may send a cross-origin text/plain or form POST without asking
+// first; requiring JSON makes it ask (CORS preflight), so no page can spend or reset a key's budget.
+std::optional<api_error> non_json_body(std::string_view content_type, std::string_view endpoint) {
+  if (is_json_media_type(content_type)) return std::nullopt;
+  return api_error{415, "unsupported_media_type",
+                   "POST " + std::string(endpoint) + " needs Content-Type: application/json"};
+}
+
 }  // namespace
 
 session::~session() {
@@ -168,12 +176,8 @@ void session::handle() {
 }
 
 void session::handle_check() {
-  // A browser may send a cross-origin text/plain or form POST without asking first; requiring JSON
-  // makes it ask (CORS preflight), so no page can spend a key's budget.
   auto content_type = req_[bhttp::field::content_type];
-  if (!is_json_media_type({content_type.data(), content_type.size()})) {
-    return reply_error({415, "unsupported_media_type", "POST /v1/check needs Content-Type: application/json"});
-  }
+  if (auto e = non_json_body({content_type.data(), content_type.size()}, "/v1/check")) return reply_error(*e);
   snap_ = svc_.current_for(worker_);
   auto parsed = parse_check_body(
       req_.body(), *snap_->rules,
@@ -304,9 +308,7 @@ void session::handle_reset() {
     return reply_error({401, "unauthorized", "POST /v1/reset needs Authorization: Bearer <admin_token>"});
   }
   auto content_type = req_[bhttp::field::content_type];
-  if (!is_json_media_type({content_type.data(), content_type.size()})) {
-    return reply_error({415, "unsupported_media_type", "POST /v1/reset needs Content-Type: application/json"});
-  }
+  if (auto e = non_json_body({content_type.data(), content_type.size()}, "/v1/reset")) return reply_error(*e);
   auto parsed = parse_reset_body(req_.body(), *snap_->rules);
   if (auto* e = std::get_if<api_error>(&parsed)) return reply_error(*e);
   reset_ = std::move(std::get<check_item>(parsed));

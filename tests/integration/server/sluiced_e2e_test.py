@@ -296,6 +296,9 @@ class FullForm(SluicedTest):
                                    ({"rule": "api", "key": "k" * 513}, 400, "invalid_request")]:
             self.assert_error(s.reset(token, **body), status, code)
         self.assertEqual(s.request("GET", "/v1/reset").status, 405)
+        plain = s.request("POST", "/v1/reset", {"rule": "api", "key": "reset:1"},
+                          headers={"Authorization": "Bearer " + token, "Content-Type": "text/plain"})
+        self.assert_error(plain, 415, "unsupported_media_type")
         self.assertEqual(s.check(rule="api", key="reset:1").status, 429, "nothing refused reset the key")
         r = s.reset(token, rule="api", key="reset:1")
         self.assertEqual((r.status, r.json()), (200, {"reset": True}))
