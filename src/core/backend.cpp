@@ -3,6 +3,8 @@
 // prepare().
 #include "sluice/backend.hpp"
 
+#include <string>
+#include <string_view>
 #include <utility>
 
 namespace sluice {
@@ -59,37 +61,50 @@ result<void> backend::forget(const check_request& /*req*/) {
 
 void backend::async_forget(const check_request& req, reset_handler handler) { handler(forget(req)); }
 
-result<void> validate_reset(const check_request& req, const backend& b) {
-  if (req.rule == nullptr) return {errc::invalid_argument, "reset has no rule"};
-  if (req.rule->owner() != &b) return {errc::invalid_argument, "reset of a rule prepared by another backend"};
-  const rule& r = req.definition();
-  if (!r.tenant) {
-    if (req.key.empty()) return {errc::invalid_argument, "key must not be empty for rule '" + r.name + "'"};
-    return validate_key(req.key, "key");
+namespace {
+
+// The steps a check and a reset share. `what` names the request in errors ("check", "reset").
+result<void> validate_rule_of(const check_request& req, const backend& b, std::string_view what) {
+  if (req.rule == nullptr) return {errc::invalid_argument, std::string(what) + " has no rule"};
+  if (req.rule->owner() != &b) {
+    return {errc::invalid_argument, std::string(what) + " of a rule prepared by another backend"};
   }
-  if (req.tenant.empty()) return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
-  if (auto v = validate_key(req.tenant, "tenant"); !v) return v;
-  return req.user.empty() ? result<void>{} : validate_key(req.user, "user");
+  return {};
+}
+
+// The ids the rule's layers are keyed on: present and not too long. A reset of a dual-layer rule
+// may name the tenant alone (`user_optional`).
+result<void> validate_ids(const check_request& req, bool user_optional) {
+  const rule& r = req.definition();
+  if (r.tenant) {
+    if (req.tenant.empty())
+      return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
+    if (req.user.empty() && !user_optional)
+      return {errc::invalid_argument, "user must not be empty for dual-layer rule '" + r.name + "'"};
+    if (auto v = validate_key(req.tenant, "tenant"); !v) return v;
+    return req.user.empty() ? result<void>{} : validate_key(req.user, "user");
+  }
+  if (req.key.empty()) return {errc::invalid_argument, "key must not be empty"};
+  return validate_key(req.key, "key");
+}
+
+}  // namespace
+
+result<void> validate_reset(const check_request& req, const backend& b) {
+  if (auto v = validate_rule_of(req, b, "reset"); !v) return v;
+  return validate_ids(req, /*user_optional=*/true);
 }
 
 result<void> validate(const check_request& req, const backend& b) {
-  if (req.rule == nullptr) return {errc::invalid_argument, "check has no rule"};
-  if (req.rule->owner() != &b) return {errc::invalid_argument, "check of a rule prepared by another backend"};
+  if (auto v = validate_rule_of(req, b, "check"); !v) return v;
   const rule& r = req.definition();
   const bool look = req.cost == 0;  // records nothing, whatever the limits
   if (auto v = validate_cost(r.limit, req.cost); !v && !look) return v;
   if (r.tenant) {
     if (auto v = validate_cost(*r.tenant, req.cost); !v && !look)
       return {v.error().code, "tenant layer: " + v.error().message};
-    if (req.tenant.empty())
-      return {errc::invalid_argument, "tenant must not be empty for dual-layer rule '" + r.name + "'"};
-    if (req.user.empty())
-      return {errc::invalid_argument, "user must not be empty for dual-layer rule '" + r.name + "'"};
-    if (auto v = validate_key(req.tenant, "tenant"); !v) return v;
-    return validate_key(req.user, "user");
   }
-  if (req.key.empty()) return {errc::invalid_argument, "key must not be empty"};
-  return validate_key(req.key, "key");
+  return validate_ids(req, /*user_optional=*/false);
 }
 
 bool exceeds_capacity(const check_request& req) noexcept {
